@@ -1,0 +1,1 @@
+"""gpufleet infrastructure: the Pulumi program, its configuration, catalog and offline preview."""

@@ -1,0 +1,174 @@
+"""GPU instance catalog: hardware facts and reference prices for every type a stack may use.
+
+Hardware facts for AWS rows match EC2 DescribeInstanceTypes (``python -m infra.catalog refresh``
+re-reads them from any EC2 endpoint, moto server included, and reports differences). Prices are
+on-demand hourly list prices in one reference region per cloud, with the date they were read;
+``SPOT_FACTOR`` is the planning ratio of spot to on-demand used by the cost estimate.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+PRICE_DATE = "2025-07-01"
+PRICE_REGION = {"aws": "us-east-1", "azure": "eastus"}
+# Planning ratio spot/on-demand per GPU family: a long-run average, not a quote.
+SPOT_FACTOR = {"g5": 0.40, "g6": 0.40, "g6e": 0.45, "p4d": 0.55, "p4de": 0.55, "p5": 0.60,
+               "p5e": 0.60, "p5en": 0.60, "ndv4": 0.45, "ndv5": 0.55}
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    cloud: str                 # "aws" | "azure"
+    family: str                # key into SPOT_FACTOR
+    gpus: int
+    gpu_model: str
+    gpu_memory_gib: int        # per GPU
+    vcpus: int
+    memory_gib: int
+    network_cards: int         # AWS network cards (1 on Azure)
+    max_efa: int               # AWS EFA interfaces (0: no EFA)
+    infiniband_gbps: int       # Azure InfiniBand bandwidth per node (0: none)
+    nvswitch: bool             # NVSwitch: needs nvidia-fabricmanager
+    local_nvme_gb: int
+    price_usd_hour: float      # on-demand, PRICE_REGION[cloud], PRICE_DATE
+
+    @property
+    def efa(self) -> bool:
+        return self.max_efa > 0
+
+    @property
+    def rdma(self) -> bool:
+        """Has a multi-node RDMA fabric (EFA on AWS, InfiniBand on Azure)."""
+        return self.max_efa > 0 or self.infiniband_gbps > 0
+
+    @property
+    def spot_price_usd_hour(self) -> float:
+        return round(self.price_usd_hour * SPOT_FACTOR[self.family], 4)
+
+
+def _aws(name, family, gpus, model, gmem, vcpus, mem, cards, efa, nvswitch, nvme, price):
+    return InstanceType(name, "aws", family, gpus, model, gmem, vcpus, mem, cards, efa, 0,
+                        nvswitch, nvme, price)
+
+
+def _azure(name, family, gpus, model, gmem, vcpus, mem, ib, nvswitch, nvme, price):
+    return InstanceType(name, "azure", family, gpus, model, gmem, vcpus, mem, 1, 0, ib,
+                        nvswitch, nvme, price)
+
+
+_ROWS = [
+    #    name              family gpus model  GiB vcpu  mem  cards efa nvsw  nvme GB  $/h
+    _aws("g5.xlarge",      "g5",  1, "A10G",  24,   4,   16,  1,  0, False,   250,  1.006),
+    _aws("g5.2xlarge",     "g5",  1, "A10G",  24,   8,   32,  1,  0, False,   450,  1.212),
+    _aws("g5.4xlarge",     "g5",  1, "A10G",  24,  16,   64,  1,  0, False,   600,  1.624),
+    _aws("g5.8xlarge",     "g5",  1, "A10G",  24,  32,  128,  1,  1, False,   900,  2.448),
+    _aws("g5.12xlarge",    "g5",  4, "A10G",  24,  48,  192,  1,  1, False,  3800,  5.672),
+    _aws("g5.24xlarge",    "g5",  4, "A10G",  24,  96,  384,  1,  1, False,  3800,  8.144),
+    _aws("g5.48xlarge",    "g5",  8, "A10G",  24, 192,  768,  1,  1, False,  7600, 16.288),
+    _aws("g6.xlarge",      "g6",  1, "L4",    24,   4,   16,  1,  0, False,   250,  0.8048),
+    _aws("g6.2xlarge",     "g6",  1, "L4",    24,   8,   32,  1,  0, False,   450,  0.9776),
+    _aws("g6.4xlarge",     "g6",  1, "L4",    24,  16,   64,  1,  0, False,   600,  1.3232),
+    _aws("g6.8xlarge",     "g6",  1, "L4",    24,  32,  128,  1,  1, False,   900,  2.0144),
+    _aws("g6.12xlarge",    "g6",  4, "L4",    24,  48,  192,  1,  1, False,  3760,  4.6016),
+    _aws("g6.24xlarge",    "g6",  4, "L4",    24,  96,  384,  1,  1, False,  3760,  6.6752),
+    _aws("g6.48xlarge",    "g6",  8, "L4",    24, 192,  768,  1,  1, False,  7520, 13.3504),
+    _aws("g6e.xlarge",     "g6e", 1, "L40S",  48,   4,   32,  1,  0, False,   250,  1.861),
+    _aws("g6e.2xlarge",    "g6e", 1, "L40S",  48,   8,   64,  1,  0, False,   450,  2.24208),
+    _aws("g6e.12xlarge",   "g6e", 4, "L40S",  48,  48,  384,  1,  1, False,  3800, 10.49264),
+    _aws("g6e.24xlarge",   "g6e", 4, "L40S",  48,  96,  768,  2,  2, False,  3800, 15.06559),
+    _aws("g6e.48xlarge",   "g6e", 8, "L40S",  48, 192, 1536,  4,  4, False,  7600, 30.13118),
+    _aws("p4d.24xlarge",   "p4d", 8, "A100",  40,  96, 1152,  4,  4, True,   8000, 21.9576),
+    _aws("p4de.24xlarge",  "p4de", 8, "A100", 80,  96, 1152,  4,  4, True,   8000, 27.447),
+    _aws("p5.48xlarge",    "p5",  8, "H100",  80, 192, 2048, 32, 32, True,  30400, 55.04),
+    _aws("p5e.48xlarge",   "p5e", 8, "H200", 141, 192, 2048, 32, 32, True,  30400, 61.54),
+    _aws("p5en.48xlarge",  "p5en", 8, "H200", 141, 192, 2048, 16, 16, True, 30400, 63.296),
+    #      name                           family gpus model GiB vcpu mem   IB Gb/s nvsw nvme GB  $/h
+    _azure("Standard_ND96asr_v4",         "ndv4", 8, "A100", 40, 96,  900, 1600, True,  6000, 27.197),
+    _azure("Standard_ND96amsr_A100_v4",   "ndv4", 8, "A100", 80, 96, 1900, 1600, True,  6400, 32.770),
+    _azure("Standard_ND96isr_H100_v5",    "ndv5", 8, "H100", 80, 96, 1900, 3200, True, 28000, 98.32),
+]
+
+CATALOG: dict[str, InstanceType] = {row.name: row for row in _ROWS}
+
+
+def names(cloud: str | None = None) -> list[str]:
+    return [n for n, t in CATALOG.items() if cloud is None or t.cloud == cloud]
+
+
+def lookup(name: str) -> InstanceType:
+    """The catalog row for `name`; KeyError when the type is not in the catalog."""
+    return CATALOG[name]
+
+
+# --- refresh: compare the hardware facts with EC2 DescribeInstanceTypes --------------------------
+
+def facts_from_describe(item: dict) -> dict:
+    """The catalog's hardware fields from one DescribeInstanceTypes item."""
+    net = item.get("NetworkInfo", {})
+    gpus = item.get("GpuInfo", {}).get("Gpus", [{}])[0]
+    return {
+        "gpus": gpus.get("Count", 0),
+        "gpu_model": gpus.get("Name", ""),
+        "vcpus": item["VCpuInfo"]["DefaultVCpus"],
+        "memory_gib": item["MemoryInfo"]["SizeInMiB"] // 1024,
+        "network_cards": net.get("MaximumNetworkCards", 1),
+        "max_efa": net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if net.get("EfaSupported") else 0,
+        "local_nvme_gb": item.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0),
+    }
+
+
+def refresh(ec2_client) -> dict[str, dict[str, tuple]]:
+    """Read every AWS catalog type from EC2 and return {type: {field: (catalog, ec2)}} for differences.
+
+    GPU memory is left out: EC2 reports usable MiB (A10G 22888), the catalog marketed GiB.
+    """
+    wanted = names("aws")
+    found: dict[str, dict] = {}
+    for page in ec2_client.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted):
+        for item in page["InstanceTypes"]:
+            found[item["InstanceType"]] = facts_from_describe(item)
+    diffs: dict[str, dict[str, tuple]] = {}
+    for name in wanted:
+        if name not in found:
+            diffs[name] = {"missing": (True, False)}
+            continue
+        row = dataclasses.asdict(CATALOG[name])
+        delta = {k: (row[k], v) for k, v in found[name].items() if row[k] != v}
+        if delta:
+            diffs[name] = delta
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m infra.catalog")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="print the catalog")
+    ref = sub.add_parser("refresh", help="compare hardware facts with EC2 DescribeInstanceTypes")
+    ref.add_argument("--region", default=PRICE_REGION["aws"])
+    args = parser.parse_args(argv)
+    if args.cmd == "list":
+        for t in CATALOG.values():
+            print(f"{t.name:28} {t.cloud:5} {t.gpus}x {t.gpu_model:5} {t.gpu_memory_gib:>3} GiB  "
+                  f"efa={t.max_efa:<2} ib={t.infiniband_gbps:<4} ${t.price_usd_hour}/h")
+        return 0
+    import boto3
+
+    try:
+        diffs = refresh(boto3.client("ec2", region_name=args.region))
+    except Exception as exc:  # network or credentials: one line, not a traceback
+        print(f"catalog refresh: {exc}", file=sys.stderr)
+        return 2
+    for name, delta in diffs.items():
+        for field, (ours, theirs) in delta.items():
+            print(f"{name} {field}: catalog {ours!r}, EC2 {theirs!r}")
+    print(f"{len(names('aws'))} types checked, {len(diffs)} differ")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

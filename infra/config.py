@@ -1,0 +1,316 @@
+"""The typed, validated stack configuration: the only reader of ``pulumi.Config``.
+
+Two sources feed one validator, ``parse``:
+- ``load()`` inside a Pulumi program (``pulumi up`` or the offline preview's mock runtime);
+- ``read_stack_file()`` reads ``Pulumi.<stack>.yaml`` into the flat ``{"ns:key": value}`` map the
+  Pulumi engine hands the program, which the preview installs into the mock runtime.
+Every user error is a ``ConfigError`` whose message is one line: the key, the bad value, what is allowed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
+
+from infra import catalog
+
+NAMESPACE = "gpufleet"
+KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
+        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "sshPublicKey")
+REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location"}
+
+EU_REGIONS = {
+    "aws": ("eu-central-1", "eu-west-1", "eu-west-3", "eu-north-1", "eu-south-1", "eu-south-2"),
+    "azure": ("westeurope", "northeurope", "francecentral", "francesouth", "germanywestcentral",
+              "germanynorth", "swedencentral", "swedensouth", "italynorth", "polandcentral",
+              "spaincentral"),
+}
+CLASSIFICATION_TAG = "data-classification"
+_SECRET = "[secret]"
+
+
+class ConfigError(Exception):
+    """A user error in stack configuration, told as one line."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}: {_show(value)} is not allowed; {allowed}")
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "missing value"
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_MISSING = object()
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Nodes(_Frozen):
+    min: StrictInt = Field(ge=0)
+    max: StrictInt = Field(ge=0, le=1000)
+    desired: StrictInt = Field(ge=0)
+
+
+class AwsImage(_Frozen):
+    id: Optional[str] = Field(default=None, pattern=r"^ami-[0-9a-f]{8,17}$")
+    name: Optional[str] = Field(default=None, min_length=1, max_length=128)
+    owners: tuple[str, ...] = ("self",)
+
+
+class Network(_Frozen):
+    vpc_id: str = Field(alias="vpcId", pattern=r"^vpc-[0-9a-f]{8,17}$")
+    subnet_ids: tuple[str, ...] = Field(alias="subnetIds", min_length=1)
+
+
+_AZURE_IMAGE = re.compile(
+    r"^(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/images/[^/]+"
+    r"(/versions/[^/]+)?|[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+)$", re.IGNORECASE)
+_TAG_KEY = re.compile(r"^[\w .:/=+\-@]{1,128}$")
+_TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{0,256}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+class StackConfig(_Frozen):
+    stack: str
+    cloud: Literal["aws", "azure"]
+    region: str
+    mode: Literal["queue", "gang"]
+    instance_types: tuple[str, ...] = Field(alias="instanceTypes", min_length=1)
+    nodes: Nodes
+    spot: StrictBool = False
+    data_classification: Literal["public", "internal", "personal", "phi"] = Field(alias="dataClassification")
+    allowed_regions: tuple[str, ...] = Field(default=(), alias="allowedRegions")
+    tags: dict[str, str] = Field(default_factory=dict)
+    budget_monthly_usd: float = Field(alias="budgetMonthlyUsd", gt=0)
+    image: Any = None
+    network: Optional[Network] = None
+    on_demand_base: StrictInt = Field(default=0, ge=0, alias="onDemandBase")
+    alert_emails: tuple[str, ...] = Field(default=(), alias="alertEmails")
+    ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "StackConfig":
+        n = self.nodes
+        if not n.min <= n.desired <= n.max:
+            raise ConfigError("gpufleet:nodes", n.model_dump(), "needs 0 <= min <= desired <= max")
+        if n.max == 0:
+            raise ConfigError("gpufleet:nodes", n.model_dump(), "max must be at least 1")
+        for name in self.instance_types:
+            row = catalog.CATALOG.get(name)
+            if row is None or row.cloud != self.cloud:
+                raise ConfigError("gpufleet:instanceTypes", name,
+                                  f"allowed for {self.cloud}: {', '.join(catalog.names(self.cloud))}")
+        if len(set(self.instance_types)) != len(self.instance_types):
+            raise ConfigError("gpufleet:instanceTypes", list(self.instance_types), "each type at most once")
+        primary = self.primary
+        if self.mode == "gang":
+            if n.max > 1 and not primary.rdma:
+                fabric = "EFA" if self.cloud == "aws" else "InfiniBand"
+                raise ConfigError("gpufleet:instanceTypes", primary.name,
+                                  f"gang mode with more than one node needs an {fabric} type")
+            if len(self.instance_types) > 1 and n.max > 1:
+                raise ConfigError("gpufleet:instanceTypes", list(self.instance_types),
+                                  "gang mode uses one instance type (NCCL needs identical nodes)")
+            if not n.min == n.desired == n.max:
+                raise ConfigError("gpufleet:nodes", n.model_dump(), "gang mode holds a fixed size: min == desired == max")
+        if self.on_demand_base > n.max:
+            raise ConfigError("gpufleet:onDemandBase", self.on_demand_base, f"at most nodes.max ({n.max})")
+        regions = self.effective_allowed_regions
+        if regions and self.region not in regions:
+            raise ConfigError(REGION_KEY[self.cloud], self.region,
+                              f"{self.data_classification} data must stay in: {', '.join(regions)}")
+        for key, value in self.tags.items():
+            if not _TAG_KEY.match(key) or key.lower().startswith(("aws:", "azure", "microsoft", "windows")):
+                raise ConfigError("gpufleet:tags", key, "tag keys are 1-128 letters, digits, spaces or _.:/=+-@, "
+                                  "not starting with aws:, azure, microsoft or windows")
+            if not _TAG_VALUE.match(value):
+                raise ConfigError(f"gpufleet:tags.{key}", value, "tag values are 0-256 letters, digits, spaces or _.:/=+-@")
+        if CLASSIFICATION_TAG in self.tags:
+            raise ConfigError(f"gpufleet:tags.{CLASSIFICATION_TAG}", self.tags[CLASSIFICATION_TAG],
+                              "set by gpufleet:dataClassification; remove this tag")
+        for email in self.alert_emails:
+            if not _EMAIL.match(email):
+                raise ConfigError("gpufleet:alertEmails", email, "an e-mail address such as ops@example.com")
+        self._check_image()
+        if self.cloud == "azure":
+            if not self.ssh_public_key or not self.ssh_public_key.startswith(("ssh-rsa ", "ssh-ed25519 ", "ecdsa-")):
+                raise ConfigError("gpufleet:sshPublicKey", self.ssh_public_key or _MISSING,
+                                  "an OpenSSH public key (ssh-ed25519 ... or ssh-rsa ...); Azure nodes allow SSH keys only")
+            if self.network is not None:
+                raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
+                                  "an existing network is supported on aws only")
+        return self
+
+    def _check_image(self) -> None:
+        if self.cloud == "aws":
+            if not isinstance(self.image, dict):
+                raise ConfigError("gpufleet:image", self.image if self.image is not None else _MISSING,
+                                  "an object {id: ami-...} or {name: <AMI name pattern>}")
+            try:
+                image = AwsImage(**self.image)
+            except ValidationError as exc:
+                raise _from_validation(exc, "gpufleet:image") from None
+            if (image.id is None) == (image.name is None):
+                raise ConfigError("gpufleet:image", self.image, "exactly one of id or name")
+            object.__setattr__(self, "image", image)
+        else:
+            if not isinstance(self.image, str) or not _AZURE_IMAGE.match(self.image):
+                raise ConfigError("gpufleet:image", self.image if self.image is not None else _MISSING,
+                                  "a gallery image id (/subscriptions/.../galleries/.../images/...) "
+                                  "or a marketplace URN publisher:offer:sku:version")
+
+    # --- derived values -----------------------------------------------------------------------
+    @property
+    def primary(self) -> catalog.InstanceType:
+        return catalog.CATALOG[self.instance_types[0]]
+
+    @property
+    def effective_allowed_regions(self) -> tuple[str, ...]:
+        if self.allowed_regions:
+            return self.allowed_regions
+        if self.data_classification in ("personal", "phi"):
+            return EU_REGIONS[self.cloud]
+        return ()
+
+    @property
+    def all_tags(self) -> dict[str, str]:
+        return {**self.tags, CLASSIFICATION_TAG: self.data_classification, "gpufleet-stack": self.stack}
+
+    @property
+    def multi_node(self) -> bool:
+        return self.mode == "gang" and self.nodes.max > 1
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+_PYDANTIC_ALLOWED = {
+    "literal_error": lambda e: "allowed: " + e["ctx"]["expected"].replace("'", ""),
+    "int_type": lambda e: "an integer",
+    "bool_type": lambda e: "true or false",
+    "float_parsing": lambda e: "a number",
+    "float_type": lambda e: "a number",
+    "string_type": lambda e: "a string",
+    "dict_type": lambda e: "an object (map)",
+    "tuple_type": lambda e: "a list",
+    "greater_than": lambda e: f"a number > {e['ctx']['gt']}",
+    "greater_than_equal": lambda e: f"a number >= {e['ctx']['ge']}",
+    "less_than_equal": lambda e: f"a number <= {e['ctx']['le']}",
+    "too_short": lambda e: f"at least {e['ctx']['min_length']} item(s)",
+    "string_too_short": lambda e: f"at least {e['ctx']['min_length']} character(s)",
+    "string_too_long": lambda e: f"at most {e['ctx']['max_length']} characters",
+    "string_pattern_mismatch": lambda e: f"a value matching {e['ctx']['pattern']}",
+    "missing": lambda e: "this key is required",
+    "extra_forbidden": lambda e: "unknown key",
+}
+_FIELD_TO_KEY = {}
+
+
+def _from_validation(exc: ValidationError, prefix: str = NAMESPACE) -> ConfigError:
+    err = exc.errors(include_url=False)[0]
+    if isinstance(err.get("ctx", {}).get("error"), ConfigError):
+        return err["ctx"]["error"]
+    loc = [str(p) for p in err["loc"]]
+    if prefix == NAMESPACE and loc:
+        key = f"{NAMESPACE}:{_FIELD_TO_KEY.get(loc[0], loc[0])}" + "".join(f".{p}" for p in loc[1:])
+    else:
+        key = prefix + "".join(f".{p}" for p in loc)
+    hint = _PYDANTIC_ALLOWED.get(err["type"], lambda e: e["msg"])(err)
+    value = err.get("input", _MISSING) if err["type"] != "missing" else _MISSING
+    return ConfigError(key, value, hint)
+
+
+for _name, _field in StackConfig.model_fields.items():
+    _FIELD_TO_KEY[_name] = _field.alias or _name
+
+
+def _decode(value: Any) -> Any:
+    """Pulumi hands structured config as JSON text; plain strings stay strings."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse(raw: dict[str, Any], stack: str, secret_keys: frozenset[str] = frozenset()) -> StackConfig:
+    """Validate a flat ``{"ns:key": value}`` config map; raise ConfigError (one line) on bad input."""
+    values: dict[str, Any] = {"stack": stack}
+    for full_key, value in raw.items():
+        ns, _, key = full_key.partition(":")
+        if ns != NAMESPACE:
+            continue
+        if key not in KEYS:
+            raise ConfigError(full_key, _SECRET if full_key in secret_keys else value,
+                              f"known keys: {', '.join(KEYS)}")
+        values[key] = _decode(value)
+    cloud = values.get("cloud")
+    if cloud in REGION_KEY:
+        region = raw.get(REGION_KEY[cloud])
+        if not region:
+            raise ConfigError(REGION_KEY[cloud], _MISSING, "set the provider region, e.g. "
+                              + ("eu-west-1" if cloud == "aws" else "westeurope"))
+        values["region"] = _decode(region)
+    try:
+        return StackConfig(**values)
+    except ConfigError:
+        raise
+    except ValidationError as exc:
+        err = _from_validation(exc)
+        if err.key.split(".")[0] in secret_keys:
+            raise ConfigError(err.key, _SECRET, err.allowed) from None
+        raise err from None
+
+
+def read_stack_file(path: str | Path) -> tuple[dict[str, Any], frozenset[str]]:
+    """Read a Pulumi stack file into (``{"ns:key": value}``, secret keys). Secure values stay opaque."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("--config-file", str(path), f"a readable Pulumi stack file ({exc.strerror})") from None
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError("--config-file", str(path), f"valid YAML (parse error{where})") from None
+    config = doc.get("config", {}) if isinstance(doc, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path.name}: config", config, "a map of namespace:key to values")
+    secrets = frozenset(k for k, v in config.items() if isinstance(v, dict) and set(v) == {"secure"})
+    return config, secrets
+
+
+def to_engine_config(raw: dict[str, Any]) -> dict[str, str]:
+    """The config map as the Pulumi engine passes it to a program: every value a string, objects as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+def load() -> StackConfig:
+    """Read and validate this stack's config from the Pulumi runtime (inside a Pulumi program)."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    engine = dict(runtime_config.get_config_env())
+    secret_keys = frozenset(runtime_config.get_config_secret_keys_env())
+    # Keys set through pulumi.Config in the mock runtime live in CONFIG, not the environment.
+    engine.update(getattr(runtime_config, "CONFIG", {}))
+    raw = {k: v for k, v in engine.items() if k.startswith(NAMESPACE + ":")}
+    for key in REGION_KEY.values():
+        ns, _, name = key.partition(":")
+        value = pulumi.Config(ns).get(name)
+        if value is not None:
+            raw[key] = value
+    return parse(raw, pulumi.get_stack(), secret_keys)
