@@ -303,10 +303,10 @@ def load() -> StackConfig:
     import pulumi
     from pulumi.runtime import config as runtime_config
 
-    engine = dict(runtime_config.get_config_env())
-    secret_keys = frozenset(runtime_config.get_config_secret_keys_env())
-    # Keys set through pulumi.Config in the mock runtime live in CONFIG, not the environment.
-    engine.update(getattr(runtime_config, "CONFIG", {}))
+    # The engine passes config in PULUMI_CONFIG; the mock runtime (offline preview) sets CONFIG.
+    engine = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret_keys = frozenset(runtime_config.get_config_secret_keys_env()) | frozenset(
+        k for k in engine if runtime_config.is_config_secret(k))
     raw = {k: v for k, v in engine.items() if k.startswith(NAMESPACE + ":")}
     for key in REGION_KEY.values():
         ns, _, name = key.partition(":")

@@ -1,0 +1,163 @@
+"""The typed stack configuration: every stack file validates; every bad input is one precise line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from infra import config
+from tests.conftest import ROOT
+
+
+def raw_dev(**overrides):
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.dev.yaml")
+    raw = dict(raw)
+    for key, value in overrides.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "azure"])
+def test_stack_files_validate(stack):
+    raw, secrets = config.read_stack_file(ROOT / f"Pulumi.{stack}.yaml")
+    cfg = config.parse(raw, stack, secrets)
+    assert cfg.stack == stack
+    assert cfg.all_tags["data-classification"] == cfg.data_classification
+    assert cfg.nodes.min <= cfg.nodes.desired <= cfg.nodes.max
+
+
+def test_dev_is_queue_spot_scale_to_zero_and_prod_is_gang_efa():
+    dev = config.parse(raw_dev(), "dev")
+    assert (dev.mode, dev.spot, dev.nodes.min) == ("queue", True, 0)
+    assert len(dev.instance_types) > 1
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.prod.yaml")
+    prod = config.parse(raw, "prod")
+    assert prod.mode == "gang" and prod.primary.efa and prod.nodes.max > 1 and prod.multi_node
+
+
+def test_config_is_frozen():
+    cfg = config.parse(raw_dev(), "dev")
+    with pytest.raises(Exception):
+        cfg.mode = "gang"
+
+
+def test_personal_data_defaults_to_eu_regions():
+    cfg = config.parse(raw_dev(**{"gpufleet:dataClassification": "personal"}), "dev")
+    assert "eu-west-1" in cfg.effective_allowed_regions
+    assert "us-east-1" not in cfg.effective_allowed_regions
+    assert config.parse(raw_dev(), "dev").effective_allowed_regions == ()
+
+
+def test_engine_config_round_trip():
+    """Values as the Pulumi engine hands them (strings, objects as JSON) parse to the same config."""
+    raw = raw_dev()
+    assert config.parse(config.to_engine_config(raw), "dev") == config.parse(raw, "dev")
+
+
+CASES = [
+    # (overrides, key in message, fragment of what is allowed)
+    ({"gpufleet:instanceTypes": ["x9.huge"]}, "gpufleet:instanceTypes", "allowed for aws"),
+    ({"gpufleet:instanceTypes": ["Standard_ND96asr_v4"]}, "gpufleet:instanceTypes", "allowed for aws"),
+    ({"gpufleet:instanceTypes": []}, "gpufleet:instanceTypes", "at least 1"),
+    ({"gpufleet:nodes": {"min": 3, "desired": 2, "max": 1}}, "gpufleet:nodes", "min <= desired <= max"),
+    ({"gpufleet:nodes": {"min": 0, "desired": 0, "max": "four"}}, "gpufleet:nodes.max", "an integer"),
+    ({"gpufleet:nodes": {"min": 0, "max": 2}}, "gpufleet:nodes.desired", "required"),
+    ({"gpufleet:nodes": {"min": -1, "desired": 0, "max": 2}}, "gpufleet:nodes.min", ">= 0"),
+    ({"gpufleet:spot": "sometimes"}, "gpufleet:spot", "true or false"),
+    ({"gpufleet:cloud": "gcp"}, "gpufleet:cloud", "aws or azure"),
+    ({"gpufleet:mode": "batch"}, "gpufleet:mode", "queue or gang"),
+    ({"gpufleet:dataClassification": "secret"}, "gpufleet:dataClassification", "public"),
+    ({"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}},
+     "gpufleet:instanceTypes", "EFA"),
+    ({"gpufleet:mode": "gang", "gpufleet:instanceTypes": ["p5.48xlarge"],
+      "gpufleet:nodes": {"min": 0, "desired": 2, "max": 2}}, "gpufleet:nodes", "fixed size"),
+    ({"gpufleet:dataClassification": "phi", "aws:region": "us-east-1"}, "aws:region", "must stay in"),
+    ({"gpufleet:allowedRegions": ["eu-central-1"], "gpufleet:dataClassification": "personal"},
+     "aws:region", "eu-central-1"),
+    ({"gpufleet:budgetMonthlyUsd": 0}, "gpufleet:budgetMonthlyUsd", "> 0"),
+    ({"gpufleet:budgetMonthlyUsd": "lots"}, "gpufleet:budgetMonthlyUsd", "a number"),
+    ({"gpufleet:tags": {"aws:owner": "x"}}, "gpufleet:tags", "tag keys"),
+    ({"gpufleet:tags": {"team": "a|b"}}, "gpufleet:tags.team", "tag values"),
+    ({"gpufleet:tags": ["team"]}, "gpufleet:tags", "object"),
+    ({"gpufleet:tags": {"data-classification": "public"}}, "gpufleet:tags.data-classification", "remove"),
+    ({"gpufleet:image": {"id": "ami-XYZ"}}, "gpufleet:image.id", "ami-"),
+    ({"gpufleet:image": {"id": "ami-0123456789abcdef0", "name": "x"}}, "gpufleet:image", "exactly one"),
+    ({"gpufleet:image": None}, "gpufleet:image", "{id: ami-...}"),
+    ({"gpufleet:onDemandBase": 9}, "gpufleet:onDemandBase", "at most nodes.max"),
+    ({"gpufleet:alertEmails": ["not-an-address"]}, "gpufleet:alertEmails", "e-mail"),
+    ({"gpufleet:instanceTpyes": ["g5.xlarge"]}, "gpufleet:instanceTpyes", "known keys"),
+    ({"aws:region": None}, "aws:region", "set the provider region"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,allowed", CASES, ids=[c[1] + ":" + c[2] for c in CASES])
+def test_bad_input_is_one_line_naming_key_value_and_allowed(overrides, key, allowed):
+    with pytest.raises(config.ConfigError) as info:
+        config.parse(raw_dev(**overrides), "dev")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(key + ":"), message
+    assert allowed in message, message
+
+
+def test_secret_values_are_never_printed():
+    raw = raw_dev(**{"gpufleet:budgetMonthlyUsd": "s3cr3t-value"})
+    with pytest.raises(config.ConfigError) as info:
+        config.parse(raw, "dev", frozenset({"gpufleet:budgetMonthlyUsd"}))
+    assert "s3cr3t-value" not in str(info.value) and "[secret]" in str(info.value)
+
+
+def test_secure_values_in_stack_files_are_recognised(tmp_path):
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text((ROOT / "Pulumi.dev.yaml").read_text()
+                    + "  gpufleet:sshPublicKey:\n    secure: AAABAJ0xciphertext\n")
+    raw, secrets = config.read_stack_file(path)
+    assert "gpufleet:sshPublicKey" in secrets
+
+
+def test_azure_requires_ssh_key_and_urn_or_gallery_image():
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
+    with pytest.raises(config.ConfigError, match=r"^gpufleet:sshPublicKey: .*SSH keys only"):
+        config.parse({**raw, "gpufleet:sshPublicKey": "hunter2"}, "azure")
+    with pytest.raises(config.ConfigError, match=r"^gpufleet:image: .*marketplace URN"):
+        config.parse({**raw, "gpufleet:image": "ubuntu"}, "azure")
+    gallery = ("/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/galleries/g/images/gpu"
+               "/versions/1.0.0")
+    assert config.parse({**raw, "gpufleet:image": gallery}, "azure").image == gallery
+
+
+@pytest.mark.parametrize("content,fragment", [
+    (None, "readable Pulumi stack file"),
+    ("config: [unclosed", "valid YAML"),
+    ("config: 3\n", "a map"),
+])
+def test_bad_files(tmp_path, content, fragment):
+    path = tmp_path / "Pulumi.x.yaml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(config.ConfigError, match=fragment):
+        config.read_stack_file(path)
+
+
+def test_program_entry_reports_config_errors_in_one_line(tmp_path):
+    """Under the Pulumi host the program reads config from PULUMI_CONFIG; a bad value is one line, exit 2."""
+    script = (
+        "import runpy, sys\n"
+        "from pulumi.runtime import mocks\n"
+        "class M(mocks.Mocks):\n"
+        "    def new_resource(self, a): return [a.name + '_id', a.inputs]\n"
+        "    def call(self, a): return {}\n"
+        "mocks.set_mocks(M(), 'gpufleet', 'dev', True)\n"
+        f"runpy.run_path({str(ROOT / 'infra' / '__main__.py')!r}, run_name='__main__')\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PULUMI_CONFIG": '{"gpufleet:cloud": "aws", "gpufleet:mode": "nope",'
+           ' "aws:region": "eu-west-1"}'}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: gpufleet:mode: 'nope'")
+    assert "Traceback" not in proc.stderr
