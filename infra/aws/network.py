@@ -1,0 +1,124 @@
+"""Network: private subnets only, VPC endpoints instead of a NAT, the node security group and,
+in gang mode, a cluster placement group.
+
+No NAT gateway: nodes boot from a baked image and talk only to AWS APIs, so an S3 gateway endpoint
+(free; checkpoint traffic stays off metered paths) and interface endpoints for the services the
+node uses give them everything without any route to the internet; for personal or PHI data that
+removes the exfiltration path a NAT would open. With an existing VPC (`gpufleet:network`) the
+VPC's own routing is used and node egress is HTTPS only.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import Network as ExistingNetwork
+
+VPC_CIDR = "10.42.0.0/16"
+SUBNET_PREFIX = 19
+QUEUE_MODE_SUBNETS = 3   # spread spot capacity over three AZs
+INTERFACE_ENDPOINTS = ("sqs", "ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "autoscaling", "ec2")
+HTTPS = 443
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    prefix: str
+    region: str
+    single_subnet: bool        # an EFA gang lives in one subnet (one AZ); queue mode spreads over AZs
+    node_to_node: bool         # all traffic between nodes (NCCL over EFA, rendezvous)
+    placement_group: bool      # cluster placement group (gang mode)
+    existing: Optional[ExistingNetwork]
+    tags: dict[str, str]
+
+
+def subnet_cidrs(vpc_cidr: str, count: int, prefix: int = SUBNET_PREFIX) -> list[str]:
+    return [str(net) for net, _ in zip(ipaddress.ip_network(vpc_cidr).subnets(new_prefix=prefix), range(count))]
+
+
+class Network(pulumi.ComponentResource):
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpufleet:aws:Network", name, None, opts)
+        self._args = args
+        p = args.prefix
+        child = pulumi.ResourceOptions(parent=self)
+        if args.existing is not None:
+            self.vpc_id: pulumi.Input[str] = args.existing.vpc_id
+            given = list(args.existing.subnet_ids)
+            self.subnet_ids: list[pulumi.Input[str]] = given[:1] if args.single_subnet else given
+            self.node_sg = self._node_sg()
+            aws.vpc.SecurityGroupEgressRule(
+                f"{p}-nodes-egress-https", security_group_id=self.node_sg.id, ip_protocol="tcp",
+                from_port=HTTPS, to_port=HTTPS, cidr_ipv4="0.0.0.0/0",
+                description="HTTPS to AWS APIs through the VPC's own routing", tags=args.tags, opts=child)
+        else:
+            self._new_vpc()
+        if args.node_to_node:
+            aws.vpc.SecurityGroupIngressRule(
+                f"{p}-nodes-ingress-self", security_group_id=self.node_sg.id, ip_protocol="-1",
+                referenced_security_group_id=self.node_sg.id, description="all traffic from the other nodes (EFA, NCCL)",
+                tags=args.tags, opts=child)
+            aws.vpc.SecurityGroupEgressRule(
+                f"{p}-nodes-egress-self", security_group_id=self.node_sg.id, ip_protocol="-1",
+                referenced_security_group_id=self.node_sg.id, description="all traffic to the other nodes (EFA, NCCL)",
+                tags=args.tags, opts=child)
+        self.placement_group = None
+        if args.placement_group:
+            self.placement_group = aws.ec2.PlacementGroup(f"{p}-cluster", strategy="cluster", tags=args.tags, opts=child)
+        self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids, "node_sg": self.node_sg.id})
+
+    def _node_sg(self) -> aws.ec2.SecurityGroup:
+        # Rules are separate resources; no inline rules, so no SSH and nothing else by default.
+        return aws.ec2.SecurityGroup(
+            f"{self._args.prefix}-nodes", vpc_id=self.vpc_id, description="gpufleet GPU nodes",
+            revoke_rules_on_delete=True, tags=self._args.tags, opts=pulumi.ResourceOptions(parent=self))
+
+    def _new_vpc(self) -> None:
+        a, p = self._args, self._args.prefix
+        child = pulumi.ResourceOptions(parent=self)
+        vpc = aws.ec2.Vpc(f"{p}-vpc", cidr_block=VPC_CIDR, enable_dns_support=True, enable_dns_hostnames=True,
+                          tags={**a.tags, "Name": f"{p}-vpc"}, opts=child)
+        self.vpc_id = vpc.id
+        # The VPC's default security group keeps no rules (nothing may use it).
+        aws.ec2.DefaultSecurityGroup(f"{p}-default-sg", vpc_id=vpc.id, tags=a.tags, opts=child)
+        zones = aws.get_availability_zones_output(state="available")
+        route_table = aws.ec2.RouteTable(f"{p}-private", vpc_id=vpc.id, tags={**a.tags, "Name": f"{p}-private"},
+                                         opts=child)
+        subnets = []
+        for i, cidr in enumerate(subnet_cidrs(VPC_CIDR, 1 if a.single_subnet else QUEUE_MODE_SUBNETS)):
+            subnet = aws.ec2.Subnet(
+                f"{p}-private-{i}", vpc_id=vpc.id, cidr_block=cidr, map_public_ip_on_launch=False,
+                availability_zone=zones.names.apply(lambda names, i=i: names[i % len(names)]),
+                tags={**a.tags, "Name": f"{p}-private-{i}"}, opts=child)
+            aws.ec2.RouteTableAssociation(f"{p}-private-{i}", subnet_id=subnet.id, route_table_id=route_table.id,
+                                          opts=child)
+            subnets.append(subnet)
+        self.subnet_ids = [s.id for s in subnets]
+        self.node_sg = self._node_sg()
+        endpoint_sg = aws.ec2.SecurityGroup(
+            f"{p}-endpoints", vpc_id=vpc.id, description="gpufleet VPC interface endpoints",
+            revoke_rules_on_delete=True, tags=a.tags, opts=child)
+        aws.vpc.SecurityGroupIngressRule(
+            f"{p}-endpoints-ingress-nodes", security_group_id=endpoint_sg.id, ip_protocol="tcp",
+            from_port=HTTPS, to_port=HTTPS, referenced_security_group_id=self.node_sg.id,
+            description="HTTPS from the nodes", tags=a.tags, opts=child)
+        aws.vpc.SecurityGroupEgressRule(
+            f"{p}-nodes-egress-endpoints", security_group_id=self.node_sg.id, ip_protocol="tcp",
+            from_port=HTTPS, to_port=HTTPS, referenced_security_group_id=endpoint_sg.id,
+            description="HTTPS to the interface endpoints", tags=a.tags, opts=child)
+        s3 = aws.ec2.VpcEndpoint(
+            f"{p}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{a.region}.s3", vpc_endpoint_type="Gateway",
+            route_table_ids=[route_table.id], tags=a.tags, opts=child)
+        aws.vpc.SecurityGroupEgressRule(
+            f"{p}-nodes-egress-s3", security_group_id=self.node_sg.id, ip_protocol="tcp",
+            from_port=HTTPS, to_port=HTTPS, prefix_list_id=s3.prefix_list_id,
+            description="HTTPS to S3 through the gateway endpoint", tags=a.tags, opts=child)
+        for service in INTERFACE_ENDPOINTS:
+            aws.ec2.VpcEndpoint(
+                f"{p}-{service}", vpc_id=vpc.id, service_name=f"com.amazonaws.{a.region}.{service}",
+                vpc_endpoint_type="Interface", private_dns_enabled=True, subnet_ids=self.subnet_ids,
+                security_group_ids=[endpoint_sg.id], tags=a.tags, opts=child)

@@ -1,0 +1,126 @@
+"""IAM, KMS, S3, SQS and SNS policy documents of the AWS stack: pure functions of ARNs and names.
+
+The node policy is least privilege: every action is named (no `*`, no `service:*`), scoped to this
+stack's bucket, key, queue, autoscaling group and log group; `Resource: "*"` is used only for
+Describe calls that IAM cannot scope and for PutMetricData, which is held to the stack's metric
+namespace by a `cloudwatch:namespace` condition.
+"""
+from __future__ import annotations
+
+MIN_TLS_VERSION = "1.2"
+
+
+def partition(region: str) -> str:
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def _doc(*statements: dict) -> dict:
+    return {"Version": "2012-10-17", "Statement": list(statements)}
+
+
+def _deny_insecure_transport(action: str, resources: list[str]) -> dict:
+    return {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": action,
+            "Resource": resources, "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+
+
+def assume_role_ec2() -> dict:
+    return _doc({"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"})
+
+
+def key_policy(account_id: str, region: str, log_group_name: str) -> dict:
+    """The stack's KMS key: account administration, CloudWatch Logs for this log group only, and
+    CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic."""
+    part = partition(region)
+    log_group_arn = f"arn:{part}:logs:{region}:{account_id}:log-group:{log_group_name}"
+    return _doc(
+        {"Sid": "AccountAdministration", "Effect": "Allow",
+         "Principal": {"AWS": f"arn:{part}:iam::{account_id}:root"}, "Action": "kms:*", "Resource": "*"},
+        {"Sid": "CloudWatchLogsForThisLogGroup", "Effect": "Allow",
+         "Principal": {"Service": f"logs.{region}.amazonaws.com"},
+         "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo",
+                    "kms:GenerateDataKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"],
+         "Resource": "*",
+         "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": log_group_arn}}},
+        {"Sid": "AlertTopicPublishers", "Effect": "Allow",
+         "Principal": {"Service": ["cloudwatch.amazonaws.com", "budgets.amazonaws.com"]},
+         "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": "*",
+         "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}},
+    )
+
+
+def bucket_policy(bucket_arn: str) -> dict:
+    """Deny any request without TLS, and any over TLS below 1.2."""
+    resources = [bucket_arn, f"{bucket_arn}/*"]
+    return _doc(
+        _deny_insecure_transport("s3:*", resources),
+        {"Sid": "DenyTlsBelow12", "Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": resources,
+         "Condition": {"NumericLessThan": {"s3:TlsVersion": MIN_TLS_VERSION}}},
+    )
+
+
+def log_bucket_policy(log_bucket_arn: str, source_bucket_arn: str, account_id: str) -> dict:
+    """The access-log bucket: S3 log delivery for the data bucket only, plus the TLS denies."""
+    doc = bucket_policy(log_bucket_arn)
+    doc["Statement"].append(
+        {"Sid": "S3ServerAccessLogDelivery", "Effect": "Allow", "Principal": {"Service": "logging.s3.amazonaws.com"},
+         "Action": "s3:PutObject", "Resource": f"{log_bucket_arn}/*",
+         "Condition": {"ArnLike": {"aws:SourceArn": source_bucket_arn},
+                       "StringEquals": {"aws:SourceAccount": account_id}}})
+    return doc
+
+
+def queue_policy(queue_arn: str) -> dict:
+    return _doc(_deny_insecure_transport("sqs:*", [queue_arn]))
+
+
+def topic_policy(topic_arn: str, account_id: str) -> dict:
+    """The alert topic: CloudWatch alarms and AWS Budgets of this account publish; TLS only."""
+    return _doc(
+        {"Sid": "AlarmAndBudgetPublish", "Effect": "Allow",
+         "Principal": {"Service": ["cloudwatch.amazonaws.com", "budgets.amazonaws.com"]},
+         "Action": "sns:Publish", "Resource": topic_arn,
+         "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}},
+        _deny_insecure_transport("sns:Publish", [topic_arn]),
+    )
+
+
+def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log_group_arn: str,
+                metric_namespace: str) -> dict:
+    """What a node (trainer agent, preflight, log shipping) may do, and nothing more."""
+    return _doc(
+        {"Sid": "ListCheckpointBucket", "Effect": "Allow",
+         "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
+        {"Sid": "ReadWriteCheckpoints", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts"],
+         "Resource": f"{bucket_arn}/*"},
+        {"Sid": "UseStackKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+         "Resource": key_arn},
+        {"Sid": "ConsumeJobQueue", "Effect": "Allow",
+         "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
+                    "sqs:GetQueueAttributes", "sqs:GetQueueUrl"],
+         "Resource": queue_arn},
+        {"Sid": "LifecycleAndProtection", "Effect": "Allow",
+         "Action": ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
+                    "autoscaling:SetInstanceProtection"],
+         "Resource": asg_arn},
+        {"Sid": "ShipLogs", "Effect": "Allow",
+         "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+         "Resource": [log_group_arn, f"{log_group_arn}:*"]},
+        {"Sid": "PublishStackMetrics", "Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": metric_namespace}}},
+        {"Sid": "DiscoverPeers", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances",
+                    "autoscaling:DescribeAutoScalingGroups"],
+         "Resource": "*"},
+    )
+
+
+def asg_arn(region: str, account_id: str, asg_name: str) -> str:
+    """ARN pattern of the named group (its ARN holds a UUID that exists only after creation)."""
+    return (f"arn:{partition(region)}:autoscaling:{region}:{account_id}:autoScalingGroup:*:"
+            f"autoScalingGroupName/{asg_name}")

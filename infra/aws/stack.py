@@ -1,0 +1,113 @@
+"""Wire the AWS components of one stack and return its outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import catalog, scaling
+from infra.aws import efa, policies
+from infra.aws.compute import Compute, ComputeArgs
+from infra.aws.identity import Identity, IdentityArgs
+from infra.aws.monitoring import Monitoring, MonitoringArgs
+from infra.aws.network import Network, NetworkArgs
+from infra.aws.queue import JobQueue, QueueArgs
+from infra.aws.storage import Storage, StorageArgs
+from infra.config import StackConfig
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names fixed before anything exists, so that nodes, policies and alarms can refer to them."""
+    prefix: str
+    asg: str
+    log_group: str
+    metric_namespace: str
+    launch_hook: str
+    terminate_hook: str
+
+    @classmethod
+    def of(cls, stack: str) -> "Names":
+        prefix = f"gpufleet-{stack}"
+        return cls(prefix=prefix, asg=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
+                   metric_namespace=f"gpufleet/{stack}", launch_hook=f"{prefix}-preflight",
+                   terminate_hook=f"{prefix}-checkpoint")
+
+
+def node_settings(cfg: StackConfig, names: Names, use_efa: bool, bucket: str, queue_url: str) -> dict:
+    """The node's /etc/gpufleet/node.json."""
+    types = {}
+    for name in cfg.instance_types:
+        row = catalog.CATALOG[name]
+        types[name] = {"gpus": row.gpus, "efa": efa.efa_count(efa.layout(row, use_efa)),
+                       "nvswitch": row.nvswitch, "infiniband_gbps": row.infiniband_gbps}
+    return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "mode": cfg.mode,
+            "node_count": cfg.nodes.max if cfg.mode == "gang" else 1, "bucket": bucket, "queue_url": queue_url,
+            "asg_name": names.asg, "log_group": names.log_group, "metric_namespace": names.metric_namespace,
+            "instance_types": types, "launch_hook": names.launch_hook, "terminate_hook": names.terminate_hook}
+
+
+def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
+    names = Names.of(cfg.stack)
+    tags = cfg.all_tags
+    gang = cfg.mode == "gang"
+    use_efa = cfg.multi_node          # EFA only where nodes talk to each other
+    account_id = aws.get_caller_identity_output().account_id
+
+    storage = Storage("storage", StorageArgs(
+        prefix=names.prefix, region=cfg.region, account_id=account_id, log_group_name=names.log_group,
+        access_logging=cfg.data_classification == "phi", tags=tags))
+    queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
+    monitoring = Monitoring("monitoring", MonitoringArgs(
+        prefix=names.prefix, stack=cfg.stack, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
+        log_group_name=names.log_group, metric_namespace=names.metric_namespace,
+        classification=cfg.data_classification, queue_name=queue.queue.name, dlq_name=queue.dlq.name,
+        asg_name=names.asg, budget_monthly_usd=cfg.budget_monthly_usd, alert_emails=cfg.alert_emails, tags=tags))
+    identity = Identity("identity", IdentityArgs(
+        prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
+        queue_arn=queue.queue.arn,
+        asg_arn=account_id.apply(lambda acct: policies.asg_arn(cfg.region, acct, names.asg)),
+        log_group_arn=monitoring.log_group.arn, metric_namespace=names.metric_namespace, tags=tags))
+    network = Network("network", NetworkArgs(
+        prefix=names.prefix, region=cfg.region, single_subnet=gang,
+        node_to_node=gang, placement_group=gang, existing=cfg.network, tags=tags))
+    settings = pulumi.Output.all(storage.bucket.bucket, queue.queue.url).apply(
+        lambda v: node_settings(cfg, names, use_efa, v[0], v[1]))
+    compute = Compute("compute", ComputeArgs(
+        prefix=names.prefix, asg_name=names.asg, mode=cfg.mode,
+        capacity=scaling.capacity(cfg.mode, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired),
+        instance_types=cfg.instance_types, spot=cfg.spot, on_demand_base=cfg.on_demand_base, image=cfg.image,
+        interfaces=efa.layout(cfg.primary, use_efa), subnet_ids=network.subnet_ids,
+        security_group_id=network.node_sg.id,
+        placement_group=network.placement_group.name if network.placement_group else None,
+        instance_profile_arn=identity.instance_profile.arn, node_settings=settings,
+        launch_hook=names.launch_hook, terminate_hook=names.terminate_hook, queue_name=queue.queue.name,
+        tags=tags))
+
+    console = f"https://{cfg.region}.console.aws.amazon.com/cloudwatch/home?region={cfg.region}"
+    return {
+        "region": cfg.region,
+        "bucket": storage.bucket.bucket,
+        "accessLogBucket": storage.log_bucket.bucket if storage.log_bucket else None,
+        "kmsKey": storage.key.arn,
+        "queueUrl": queue.queue.url,
+        "dlqUrl": queue.dlq.url,
+        "autoscalingGroup": compute.group.name,
+        "launchTemplate": compute.launch_template.id,
+        "ami": compute.ami_id,
+        "nodeRole": identity.role.arn,
+        "instanceProfile": identity.instance_profile.arn,
+        "vpcId": network.vpc_id,
+        "subnetIds": network.subnet_ids,
+        "nodeSecurityGroup": network.node_sg.id,
+        "placementGroup": network.placement_group.name if network.placement_group else None,
+        "logGroup": monitoring.log_group.name,
+        "metricNamespace": names.metric_namespace,
+        "alertTopic": monitoring.topic.arn,
+        "dashboard": monitoring.dashboard.dashboard_name,
+        "dashboardUrl": monitoring.dashboard.dashboard_name.apply(lambda n: f"{console}#dashboards:name={n}"),
+        "budget": monitoring.budget.name,
+        "efaInterfacesPerNode": efa.efa_count(efa.layout(cfg.primary, use_efa)),
+        "checkpointUriTemplate": storage.bucket.bucket.apply(lambda b: f"s3://{b}/jobs/<job_id>/"),
+    }

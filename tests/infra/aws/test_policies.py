@@ -1,0 +1,52 @@
+"""Policy documents (pure)."""
+import pytest
+
+from infra.aws import policies
+from tests.infra.aws.harness import assert_least_privilege
+
+BUCKET = "arn:aws:s3:::gpufleet-dev-data-abc"
+KEY = "arn:aws:kms:eu-west-1:123456789012:key/k"
+QUEUE = "arn:aws:sqs:eu-west-1:123456789012:jobs"
+ASG = policies.asg_arn("eu-west-1", "123456789012", "gpufleet-dev-nodes")
+LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"
+
+
+def test_node_policy_is_least_privilege_and_scoped():
+    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    assert_least_privilege(doc, "gpufleet/dev")
+    resources = {r for st in doc["Statement"] for r in
+                 (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])}
+    assert resources == {BUCKET, f"{BUCKET}/*", KEY, QUEUE, ASG, LOGS, f"{LOGS}:*", "*"}
+    assert ASG == "arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/gpufleet-dev-nodes"
+
+
+def test_least_privilege_check_rejects_wildcards():
+    bad = {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": BUCKET}]}
+    with pytest.raises(AssertionError):
+        assert_least_privilege(bad, "x")
+    bad = {"Statement": [{"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*", "Condition": {}}]}
+    with pytest.raises(AssertionError):
+        assert_least_privilege(bad, "x")
+
+
+def test_bucket_policy_denies_plain_http_and_old_tls():
+    doc = policies.bucket_policy(BUCKET)
+    by_sid = {st["Sid"]: st for st in doc["Statement"]}
+    plain = by_sid["DenyInsecureTransport"]
+    assert plain["Effect"] == "Deny" and plain["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    tls = by_sid["DenyTlsBelow12"]
+    assert tls["Effect"] == "Deny" and tls["Condition"] == {"NumericLessThan": {"s3:TlsVersion": "1.2"}}
+    for st in (plain, tls):
+        assert st["Resource"] == [BUCKET, f"{BUCKET}/*"] and st["Principal"] == "*"
+
+
+def test_key_policy_limits_logs_to_the_stack_log_group():
+    doc = policies.key_policy("123456789012", "eu-west-1", "/gpufleet/dev")
+    logs = next(st for st in doc["Statement"] if st["Sid"] == "CloudWatchLogsForThisLogGroup")
+    assert logs["Principal"] == {"Service": "logs.eu-west-1.amazonaws.com"}
+    assert logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"] == LOGS
+
+
+@pytest.mark.parametrize("region,part", [("eu-west-1", "aws"), ("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")])
+def test_partition(region, part):
+    assert policies.partition(region) == part
