@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Final check on the GPU build instance: every component answers and its version is the manifest's.
+# Writes /etc/gpufleet/image-versions.json (manifest + what was observed), which preflight and people read.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+
+failures=0
+observed="{}"
+# check NAME ACTUAL EXPECTED: ACTUAL is EXPECTED, or EXPECTED plus a Debian revision ("-...").
+check() {
+  observed="$(jq --arg k "$1" --arg v "$2" '.[$k] = $v' <<<"$observed")"
+  if [[ "$2" == "$3" || "$2" == "$3"-* ]]; then
+    log "ok   $1 $2"
+  else
+    log "FAIL $1 is '$2', expected '$3'"
+    failures=$((failures + 1))
+  fi
+}
+record() { observed="$(jq --arg k "$1" --arg v "$2" '.[$k] = $v' <<<"$observed")"; log "seen $1 $2"; }
+
+gpus="$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)"
+[ "$gpus" -gt 0 ] || die "nvidia-smi sees no GPU: build on a GPU instance type"
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
+branch="$(manifest .nvidia_driver.branch)"
+trainer_python="$(manifest .trainer.venv)/bin/python"
+torch_cuda="$("$trainer_python" -c 'import torch; assert torch.cuda.is_available(); print(torch.version.cuda)')"
+record torch_cuda "$torch_cuda"
+check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
+"$trainer_python" -m trainer preflight --help >/dev/null || die "python -m trainer preflight does not start"
+toolkit="$(nvidia-ctk --version | awk '/version/ {print $NF; exit}')"
+docker info --format '{{json .Runtimes}}' | grep -q nvidia || die "docker has no nvidia runtime"
+
+if [ "$GPUFLEET_CLOUD" = aws ]; then
+  check nvidia_driver "$driver" "$(manifest .nvidia_driver.version)"
+  check docker "$(dpkg-query -W -f '${Version}' "$(manifest .docker.package)")" "$(manifest .docker.version)"
+  check nvidia_container_toolkit "$toolkit" "$(manifest .nvidia_container_toolkit.version)"
+  grep -q "Open Kernel Module" /proc/driver/nvidia/version || die "the loaded NVIDIA module is not the open kernel module"
+  check fabric_manager "$(dpkg-query -W -f '${Version}' "nvidia-fabricmanager-$branch")" "$(manifest .fabric_manager.version)"
+  check cuda "$(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" "$(manifest .cuda.version | cut -d. -f1-2)"
+  check nccl "$(dpkg-query -W -f '${Version}' libnccl2)" "$(manifest .nccl.apt_pin)"
+  check efa_installer "$(sed -n 's/.*EFA installer version: \([0-9.]*\).*/\1/p' /opt/amazon/efa_installed_packages)" "$(manifest .efa_installer.version)"
+  check aws_ofi_nccl "$(cat "$(manifest .aws_ofi_nccl.prefix)/VERSION")" "$(manifest .aws_ofi_nccl.version)"
+  check dcgm "$(dpkg-query -W -f '${Version}' "$(manifest .dcgm.package)" | sed 's/^[0-9]*://')" "$(manifest .dcgm.version)"
+  check cloudwatch_agent "$(dpkg-query -W -f '${Version}' amazon-cloudwatch-agent)" "$(manifest .cloudwatch_agent.version)"
+  /opt/amazon/efa/bin/fi_info --version >/dev/null || die "fi_info does not run"
+  # The efa provider only lists when an EFA interface is attached (EFA-capable build instance).
+  efa_present=no
+  for driver_link in /sys/class/infiniband/*/device/driver; do
+    [ "$(basename "$(readlink -f "$driver_link")")" = efa ] && efa_present=yes
+  done
+  if [ "$efa_present" = yes ]; then
+    /opt/amazon/efa/bin/fi_info -p efa -t FI_EP_RDM >/dev/null || die "fi_info -p efa finds no EFA endpoint"
+    record efa_device present
+  else
+    record efa_device "absent on the build instance (libfabric checked, provider not probed)"
+  fi
+  apt-mark showhold | grep -qx "nvidia-driver-$branch-open" || die "the driver is not held"
+else
+  record nvidia_driver "$driver (Ubuntu-HPC base image)"
+  record cuda "$(nvidia-smi | sed -n 's/.*CUDA Version: \([0-9.]*\).*/\1/p')"
+  record docker "$(docker version --format '{{.Server.Version}}')"
+  record nvidia_container_toolkit "$toolkit"
+  if command -v ibv_devinfo >/dev/null; then record infiniband "$(ibv_devinfo -l | tail -n +2 | xargs)"; fi
+fi
+dcgmi discovery -l >/dev/null || die "dcgmi cannot reach the DCGM host engine"
+apt-mark showhold | grep -q '^linux-image-' || die "the kernel is not held"
+
+[ "$failures" -eq 0 ] || die "$failures component(s) differ from the manifest"
+jq --argjson seen "$observed" --arg gpus "$gpus" '{manifest: ., observed: ($seen + {build_gpus: $gpus})}' \
+  "$GPUFLEET_MANIFEST" >/etc/gpufleet/image-versions.json
+log "image validated: $gpus GPU(s), driver $driver"
