@@ -29,6 +29,8 @@ EU_REGIONS = {
               "spaincentral"),
 }
 CLASSIFICATION_TAG = "data-classification"
+# A Uniform scale set in a single placement group (one InfiniBand domain) holds at most 100 VMs.
+AZURE_SCALE_SET_MAX = 100
 _SECRET = "[secret]"
 
 
@@ -145,6 +147,12 @@ class StackConfig(_Frozen):
             if not self.ssh_public_key or not self.ssh_public_key.startswith(("ssh-rsa ", "ssh-ed25519 ", "ecdsa-")):
                 raise ConfigError("gpufleet:sshPublicKey", self.ssh_public_key or _MISSING,
                                   "an OpenSSH public key (ssh-ed25519 ... or ssh-rsa ...); Azure nodes allow SSH keys only")
+            if n.max > AZURE_SCALE_SET_MAX:
+                raise ConfigError("gpufleet:nodes", n.model_dump(), f"max at most {AZURE_SCALE_SET_MAX} on azure "
+                                  "(one placement group, one InfiniBand domain)")
+            if len(self.instance_types) > 1:
+                raise ConfigError("gpufleet:instanceTypes", list(self.instance_types),
+                                  "one size on azure (a Uniform scale set runs a single VM size)")
             if self.network is not None:
                 raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
                                   "an existing network is supported on aws only")

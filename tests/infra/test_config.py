@@ -161,3 +161,14 @@ def test_program_entry_reports_config_errors_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: gpufleet:mode: 'nope'")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ({"gpufleet:nodes": {"min": 0, "desired": 0, "max": 101}}, r"^gpufleet:nodes: .*at most 100 on azure"),
+    ({"gpufleet:instanceTypes": ["Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4"]},
+     r"^gpufleet:instanceTypes: .*one size on azure"),
+])
+def test_azure_scale_set_limits_are_config_errors(override, fragment):
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
+    with pytest.raises(config.ConfigError, match=fragment):
+        config.parse({**raw, **override}, "azure")
