@@ -3,7 +3,8 @@
 The node policy is least privilege: every action is named (no `*`, no `service:*`), scoped to this
 stack's bucket, key, queue, autoscaling group and log group; `Resource: "*"` is used only for
 Describe calls that IAM cannot scope and for PutMetricData, which is held to the stack's metric
-namespace by a `cloudwatch:namespace` condition.
+namespace by a `cloudwatch:namespace` condition. The flow log role can only write into the flow
+log group, and only VPC Flow Logs of this account can assume it.
 """
 from __future__ import annotations
 
@@ -31,20 +32,24 @@ def assume_role_ec2() -> dict:
     return _doc({"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"})
 
 
-def key_policy(account_id: str, region: str, log_group_name: str) -> dict:
-    """The stack's KMS key: account administration, CloudWatch Logs for this log group only, and
-    CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic."""
+def log_group_arn(region: str, account_id: str, name: str) -> str:
+    return f"arn:{partition(region)}:logs:{region}:{account_id}:log-group:{name}"
+
+
+def key_policy(account_id: str, region: str, log_group_names: list[str]) -> dict:
+    """The stack's KMS key: account administration, CloudWatch Logs for the stack's log groups only,
+    and CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic."""
     part = partition(region)
-    log_group_arn = f"arn:{part}:logs:{region}:{account_id}:log-group:{log_group_name}"
+    log_group_arns = [log_group_arn(region, account_id, name) for name in log_group_names]
     return _doc(
         {"Sid": "AccountAdministration", "Effect": "Allow",
          "Principal": {"AWS": f"arn:{part}:iam::{account_id}:root"}, "Action": "kms:*", "Resource": "*"},
-        {"Sid": "CloudWatchLogsForThisLogGroup", "Effect": "Allow",
+        {"Sid": "CloudWatchLogsForStackLogGroups", "Effect": "Allow",
          "Principal": {"Service": f"logs.{region}.amazonaws.com"},
          "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo",
                     "kms:GenerateDataKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"],
          "Resource": "*",
-         "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": log_group_arn}}},
+         "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": log_group_arns}}},
         {"Sid": "AlertTopicPublishers", "Effect": "Allow",
          "Principal": {"Service": ["cloudwatch.amazonaws.com", "budgets.amazonaws.com"]},
          "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": "*",
@@ -86,6 +91,22 @@ def topic_policy(topic_arn: str, account_id: str) -> dict:
          "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}},
         _deny_insecure_transport("sns:Publish", [topic_arn]),
     )
+
+
+def assume_role_flow_logs(region: str, account_id: str) -> dict:
+    """Only VPC Flow Logs, acting for flow logs of this account, may assume the delivery role."""
+    return _doc(
+        {"Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"}, "Action": "sts:AssumeRole",
+         "Condition": {"StringEquals": {"aws:SourceAccount": account_id},
+                       "ArnLike": {"aws:SourceArn": f"arn:{partition(region)}:ec2:{region}:{account_id}:vpc-flow-log/*"}}})
+
+
+def flow_log_delivery_policy(log_group_arn: str) -> dict:
+    """Write flow log records into one log group (its streams are `<log group ARN>:log-stream:<eni>`)."""
+    return _doc(
+        {"Sid": "DeliverFlowLogs", "Effect": "Allow",
+         "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+         "Resource": [log_group_arn, f"{log_group_arn}:*"]})
 
 
 def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log_group_arn: str,

@@ -9,8 +9,9 @@ import pulumi_aws as aws
 from infra import catalog, scaling
 from infra.aws import efa, policies
 from infra.aws.compute import Compute, ComputeArgs
+from infra.aws.flowlogs import FlowLogs, FlowLogsArgs
 from infra.aws.identity import Identity, IdentityArgs
-from infra.aws.monitoring import Monitoring, MonitoringArgs
+from infra.aws.monitoring import LOG_RETENTION_DAYS, Monitoring, MonitoringArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.queue import JobQueue, QueueArgs
 from infra.aws.storage import Storage, StorageArgs
@@ -23,6 +24,7 @@ class Names:
     prefix: str
     asg: str
     log_group: str
+    flow_log_group: str
     metric_namespace: str
     launch_hook: str
     terminate_hook: str
@@ -31,6 +33,7 @@ class Names:
     def of(cls, stack: str) -> "Names":
         prefix = f"gpufleet-{stack}"
         return cls(prefix=prefix, asg=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
+                   flow_log_group=f"/gpufleet/{stack}/vpc-flow-logs",
                    metric_namespace=f"gpufleet/{stack}", launch_hook=f"{prefix}-preflight",
                    terminate_hook=f"{prefix}-checkpoint")
 
@@ -56,7 +59,8 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     account_id = aws.get_caller_identity_output().account_id
 
     storage = Storage("storage", StorageArgs(
-        prefix=names.prefix, region=cfg.region, account_id=account_id, log_group_name=names.log_group,
+        prefix=names.prefix, region=cfg.region, account_id=account_id,
+        log_group_names=(names.log_group, names.flow_log_group),
         access_logging=cfg.data_classification == "phi", tags=tags))
     queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
     monitoring = Monitoring("monitoring", MonitoringArgs(
@@ -72,6 +76,10 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     network = Network("network", NetworkArgs(
         prefix=names.prefix, region=cfg.region, single_subnet=gang,
         node_to_node=gang, placement_group=gang, existing=cfg.network, tags=tags))
+    flow_logs = FlowLogs("flow-logs", FlowLogsArgs(
+        prefix=names.prefix, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
+        key_arn=storage.key.arn, log_group_name=names.flow_log_group,
+        retention_days=LOG_RETENTION_DAYS[cfg.data_classification], tags=tags))
     settings = pulumi.Output.all(storage.bucket.bucket, queue.queue.url).apply(
         lambda v: node_settings(cfg, names, use_efa, v[0], v[1]))
     compute = Compute("compute", ComputeArgs(
@@ -103,6 +111,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "nodeSecurityGroup": network.node_sg.id,
         "placementGroup": network.placement_group.name if network.placement_group else None,
         "logGroup": monitoring.log_group.name,
+        "flowLogGroup": flow_logs.log_group.name,
         "metricNamespace": names.metric_namespace,
         "alertTopic": monitoring.topic.arn,
         "dashboard": monitoring.dashboard.dashboard_name,

@@ -18,7 +18,7 @@ class StorageArgs:
     prefix: str
     region: str
     account_id: pulumi.Input[str]
-    log_group_name: str
+    log_group_names: tuple[str, ...]   # the stack's log groups, encrypted with its key
     access_logging: bool
     tags: dict[str, str]
 
@@ -36,7 +36,7 @@ class Storage(pulumi.ComponentResource):
             f"{p}-key", description=f"{p}: bucket, queue, logs and alerts", enable_key_rotation=True,
             deletion_window_in_days=30,
             policy=pulumi.Output.from_input(args.account_id).apply(
-                lambda acct: json.dumps(policies.key_policy(acct, args.region, args.log_group_name))),
+                lambda acct: json.dumps(policies.key_policy(acct, args.region, list(args.log_group_names)))),
             tags=args.tags, opts=child)
         aws.kms.Alias(f"{p}-key-alias", name=f"alias/{p}", target_key_id=self.key.key_id, opts=child)
 

@@ -34,6 +34,7 @@ class Resource:
     inputs: dict
     state: dict
     urn: str
+    id: str
 
 
 class AwsMocks(pulumi.runtime.Mocks):
@@ -59,7 +60,7 @@ class AwsMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         rid, state = self._answer(args)
-        self.registered.append(Resource(args.typ, args.name, bool(args.custom), dict(args.inputs), state, ""))
+        self.registered.append(Resource(args.typ, args.name, bool(args.custom), dict(args.inputs), state, "", rid))
         return rid, state
 
     def _answer(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:

@@ -9,6 +9,7 @@ KEY = "arn:aws:kms:eu-west-1:123456789012:key/k"
 QUEUE = "arn:aws:sqs:eu-west-1:123456789012:jobs"
 ASG = policies.asg_arn("eu-west-1", "123456789012", "gpufleet-dev-nodes")
 LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"
+FLOW_LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev/vpc-flow-logs"
 
 
 def test_node_policy_is_least_privilege_and_scoped():
@@ -40,11 +41,31 @@ def test_bucket_policy_denies_plain_http_and_old_tls():
         assert st["Resource"] == [BUCKET, f"{BUCKET}/*"] and st["Principal"] == "*"
 
 
-def test_key_policy_limits_logs_to_the_stack_log_group():
-    doc = policies.key_policy("123456789012", "eu-west-1", "/gpufleet/dev")
-    logs = next(st for st in doc["Statement"] if st["Sid"] == "CloudWatchLogsForThisLogGroup")
+def test_key_policy_limits_logs_to_the_stack_log_groups():
+    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev", "/gpufleet/dev/vpc-flow-logs"])
+    logs = next(st for st in doc["Statement"] if st["Sid"] == "CloudWatchLogsForStackLogGroups")
     assert logs["Principal"] == {"Service": "logs.eu-west-1.amazonaws.com"}
-    assert logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"] == LOGS
+    assert logs["Condition"] == {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": [LOGS, FLOW_LOGS]}}
+    assert "kms:GenerateDataKey" in logs["Action"] and "kms:Decrypt" in logs["Action"]
+
+
+def test_flow_log_role_trusts_only_vpc_flow_logs_of_this_account():
+    doc = policies.assume_role_flow_logs("cn-north-1", "123456789012")
+    (st,) = doc["Statement"]
+    assert (st["Effect"], st["Action"]) == ("Allow", "sts:AssumeRole")
+    assert st["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
+    assert st["Condition"] == {
+        "StringEquals": {"aws:SourceAccount": "123456789012"},
+        "ArnLike": {"aws:SourceArn": "arn:aws-cn:ec2:cn-north-1:123456789012:vpc-flow-log/*"}}
+
+
+def test_flow_log_delivery_writes_only_into_its_log_group():
+    doc = policies.flow_log_delivery_policy(FLOW_LOGS)
+    assert_least_privilege(doc, "none")
+    (st,) = doc["Statement"]
+    assert sorted(st["Action"]) == ["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"]
+    assert st["Resource"] == [FLOW_LOGS, f"{FLOW_LOGS}:*"]
+    assert "Condition" not in st
 
 
 @pytest.mark.parametrize("region,part", [("eu-west-1", "aws"), ("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")])

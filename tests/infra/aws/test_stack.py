@@ -10,7 +10,7 @@ import pytest
 from infra import scaling
 from infra.aws import efa, network
 from infra.catalog import CATALOG
-from tests.infra.aws.harness import assert_least_privilege, build_stack, stack_config
+from tests.infra.aws.harness import ACCOUNT, assert_least_privilege, build_stack, stack_config
 
 STACKS = ["dev", "prod"]
 T = {  # resource type tokens
@@ -19,7 +19,8 @@ T = {  # resource type tokens
     "sg": "aws:ec2/securityGroup:SecurityGroup", "ingress": "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
     "egress": "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", "endpoint": "aws:ec2/vpcEndpoint:VpcEndpoint",
     "subnet": "aws:ec2/subnet:Subnet", "alarm": "aws:cloudwatch/metricAlarm:MetricAlarm",
-    "policy": "aws:autoscaling/policy:Policy",
+    "policy": "aws:autoscaling/policy:Policy", "log_group": "aws:cloudwatch/logGroup:LogGroup",
+    "role": "aws:iam/role:Role", "role_policy": "aws:iam/rolePolicy:RolePolicy", "flow_log": "aws:ec2/flowLog:FlowLog",
 }
 
 
@@ -30,6 +31,11 @@ def built(request):
 
 def _node_sg(b):
     return b.one(T["sg"], "-nodes")
+
+
+def _log_group(b, name):
+    (found,) = [r for r in b.of_type(T["log_group"]) if r.inputs["name"] == name]
+    return found
 
 
 # --- network ------------------------------------------------------------------------------------
@@ -108,6 +114,58 @@ def test_no_public_ip_on_any_interface(built):
     assert all(n["securityGroups"] == [built.outputs["nodeSecurityGroup"]] for n in nics)
 
 
+# --- flow logs ----------------------------------------------------------------------------------
+
+def assert_flow_logs(b, vpc_ids):
+    """One ALL-traffic flow log per VPC into the KMS-encrypted flow log group, through a least-privilege
+    role that only VPC Flow Logs of this account can assume."""
+    stack, o = b.cfg.stack, b.outputs
+    group = _log_group(b, f"/gpufleet/{stack}/vpc-flow-logs")
+    assert o["flowLogGroup"] == group.state["name"]
+    assert group.inputs["kmsKeyId"] == o["kmsKey"]
+    assert group.inputs["retentionInDays"] == _log_group(b, f"/gpufleet/{stack}").inputs["retentionInDays"]
+    key_doc = json.loads(b.one(T["key"]).inputs["policy"])
+    key_logs = next(s for s in key_doc["Statement"] if s["Sid"] == "CloudWatchLogsForStackLogGroups")
+    assert key_logs["Principal"] == {"Service": f"logs.{b.cfg.region}.amazonaws.com"}
+    assert group.state["arn"] in key_logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"]
+
+    role = b.one(T["role"], "vpc-flow-logs")
+    logs = b.of_type(T["flow_log"])
+    assert sorted(f.inputs["vpcId"] for f in logs) == sorted(vpc_ids)
+    for f in logs:
+        assert f.inputs["trafficType"] == "ALL" and f.inputs["maxAggregationInterval"] == 60
+        assert f.inputs["logDestinationType"] == "cloud-watch-logs"
+        assert f.inputs["logDestination"] == group.state["arn"]
+        assert f.inputs["iamRoleArn"] == role.state["arn"]
+        assert f.inputs["tags"] == b.cfg.all_tags
+
+    (trust,) = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"} and trust["Action"] == "sts:AssumeRole"
+    assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": ACCOUNT}
+    assert "managedPolicyArns" not in role.inputs and "inlinePolicies" not in role.inputs
+    assert not [a for a in b.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if a.inputs["role"] == role.state["name"]]
+    (inline,) = [r for r in b.of_type(T["role_policy"]) if r.inputs["role"] == role.state["name"]]
+    doc = json.loads(inline.inputs["policy"])
+    assert_least_privilege(doc, f"gpufleet/{stack}")
+    actions = {a for st in doc["Statement"] for a in st["Action"]}
+    resources = {r for st in doc["Statement"] for r in st["Resource"]}
+    assert actions == {"logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"}
+    assert resources == {group.state["arn"], group.state["arn"] + ":*"}
+
+
+def test_every_vpc_the_stack_creates_has_flow_logs(built):
+    vpcs = built.of_type("aws:ec2/vpc:Vpc")
+    assert [v.id for v in vpcs] == [built.outputs["vpcId"]]
+    assert_flow_logs(built, [v.id for v in vpcs])
+
+
+def test_phi_flow_logs_keep_the_phi_retention(phi):
+    assert_flow_logs(phi, [phi.outputs["vpcId"]])
+    # HIPAA keeps records six years
+    assert _log_group(phi, "/gpufleet/dev/vpc-flow-logs").inputs["retentionInDays"] >= 365 * 6
+
+
 # --- storage ------------------------------------------------------------------------------------
 
 def _for_bucket(b, typ, bucket_name):
@@ -120,9 +178,11 @@ def test_key_rotates(built):
     key = built.one(T["key"])
     assert key.inputs["enableKeyRotation"] is True
     doc = json.loads(key.inputs["policy"])
-    logs = next(s for s in doc["Statement"] if s["Sid"] == "CloudWatchLogsForThisLogGroup")
-    assert logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"].endswith(
-        f":log-group:/gpufleet/{built.cfg.stack}")
+    logs = next(s for s in doc["Statement"] if s["Sid"] == "CloudWatchLogsForStackLogGroups")
+    assert logs["Principal"] == {"Service": f"logs.{built.cfg.region}.amazonaws.com"}
+    # the encryption context CloudWatch Logs sends is the log group's ARN
+    assert set(logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"]) == {
+        r.state["arn"] for r in built.of_type(T["log_group"])}
 
 
 def test_bucket_is_private_versioned_encrypted_tls_only(built):
@@ -175,7 +235,7 @@ def test_phi_bucket_logs_access_to_a_locked_log_bucket(phi):
     delivery = next(s for s in doc["Statement"] if s["Effect"] == "Allow")
     assert delivery["Principal"] == {"Service": "logging.s3.amazonaws.com"}
     assert delivery["Condition"]["ArnLike"]["aws:SourceArn"] == f"arn:aws:s3:::{data}"
-    assert phi.one("aws:cloudwatch/logGroup:LogGroup").inputs["retentionInDays"] >= 365
+    assert _log_group(phi, "/gpufleet/dev").inputs["retentionInDays"] >= 365
 
 
 def test_alert_emails_subscribe_and_get_budget_mail(phi):
@@ -206,17 +266,17 @@ def test_queues_encrypted_redriven_tls_only(built):
 # --- identity -----------------------------------------------------------------------------------
 
 def test_node_identity_is_least_privilege_and_ssm_only(built):
-    role = built.one("aws:iam/role:Role")
+    role = built.one(T["role"], "-node")
     assume = json.loads(role.inputs["assumeRolePolicy"])
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
     assert "managedPolicyArns" not in role.inputs and "inlinePolicies" not in role.inputs
     attached = [r.inputs["policyArn"] for r in built.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")]
     assert attached == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"]
-    doc = json.loads(built.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    doc = json.loads(built.one(T["role_policy"], "-node").inputs["policy"])
     assert_least_privilege(doc, f"gpufleet/{built.cfg.stack}")
     bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
     queue_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["queueUrl"])
-    log_arn = built.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    log_arn = _log_group(built, built.outputs["logGroup"]).state["arn"]
     scoped = {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
     assert scoped - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], queue_arn, log_arn,
                               log_arn + ":*", f"arn:aws:autoscaling:{built.cfg.region}:123456789012:autoScalingGroup:*:"
@@ -348,7 +408,7 @@ def test_queue_mode_scales_from_zero_to_max_and_back_to_zero(dev):
 
 def test_monitoring(built):
     stack, o = built.cfg.stack, built.outputs
-    log_group = built.one("aws:cloudwatch/logGroup:LogGroup").inputs
+    log_group = _log_group(built, f"/gpufleet/{stack}").inputs
     assert log_group["name"] == f"/gpufleet/{stack}" == o["logGroup"]
     assert log_group["kmsKeyId"] == o["kmsKey"] and log_group["retentionInDays"] > 0
     topic = built.one("aws:sns/topic:Topic")
@@ -404,7 +464,7 @@ def test_every_taggable_resource_carries_the_tags(built):
 
 
 def test_each_resource_belongs_to_one_concern(built):
-    concerns = {"Network", "Storage", "Queue", "Identity", "Compute", "Monitoring"}
+    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Compute", "Monitoring"}
     components = [r for r in built.resources if not r.custom]
     assert sorted(r.type for r in components) == sorted(f"gpufleet:aws:{c}" for c in concerns)
     for r in built.resources:
@@ -434,3 +494,4 @@ def test_existing_network_is_used_as_given():
         https = b.one(T["egress"], "egress-https").inputs
         assert (https["ipProtocol"], https["fromPort"], https["toPort"]) == ("tcp", 443, 443)
         assert not [r for r in b.of_type(T["ingress"]) if "cidrIpv4" in r.inputs]
+        assert_flow_logs(b, [existing["vpcId"]])
