@@ -270,10 +270,8 @@ def parse(raw: dict[str, Any], stack: str, secret_keys: frozenset[str] = frozens
         values["region"] = _decode(region)
     try:
         return StackConfig(**values)
-    except ConfigError:
-        raise
-    except ValidationError as exc:
-        err = _from_validation(exc)
+    except (ConfigError, ValidationError) as exc:
+        err = exc if isinstance(exc, ConfigError) else _from_validation(exc)
         if err.key.split(".")[0] in secret_keys:
             raise ConfigError(err.key, _SECRET, err.allowed) from None
         raise err from None

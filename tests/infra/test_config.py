@@ -109,6 +109,12 @@ def test_secret_values_are_never_printed():
     with pytest.raises(config.ConfigError) as info:
         config.parse(raw, "dev", frozenset({"gpufleet:budgetMonthlyUsd"}))
     assert "s3cr3t-value" not in str(info.value) and "[secret]" in str(info.value)
+    # A cross-field check names the value too: masked the same way.
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
+    with pytest.raises(config.ConfigError) as info:
+        config.parse({**raw, "gpufleet:sshPublicKey": "hunter2-private"}, "azure",
+                     frozenset({"gpufleet:sshPublicKey"}))
+    assert "hunter2" not in str(info.value) and "[secret]" in str(info.value)
 
 
 def test_secure_values_in_stack_files_are_recognised(tmp_path):

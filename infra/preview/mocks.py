@@ -1,0 +1,481 @@
+"""Offline stand-ins for the cloud providers: realistic, deterministic ids, ARNs and invoke results.
+
+``PreviewMocks.new_resource`` returns what a provider would report after creating a resource: its
+physical id plus computed attributes (``arn``, ``url``, ``name`` from auto-naming, ...), so values
+that depend on them (a bucket policy built from the bucket ARN) resolve as they would in ``pulumi up``.
+Random-looking parts are hashes of (stack, type, name): the same program gives the same preview.
+``call`` answers the provider functions (invokes) the programs use; an unknown function is an error,
+not a silent empty result.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable
+
+import pulumi
+
+ACCOUNT_ID = "123456789012"
+SUBSCRIPTION_ID = "00000000-0000-4000-8000-000000000001"
+TENANT_ID = "00000000-0000-4000-8000-000000000002"
+PREVIEW_PRINCIPAL = "gpufleet-preview"
+
+
+class MissingMock(Exception):
+    """A provider function the offline preview has no answer for."""
+
+
+def digest(*parts: str, n: int = 17) -> str:
+    """``n`` hex characters determined by ``parts``."""
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:n]
+
+
+def fake_uuid(*parts: str) -> str:
+    h = digest(*parts, n=32)
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+
+
+class PreviewMocks(pulumi.runtime.Mocks):
+    """Mocks for aws and azure-native resources in one stack, account and region."""
+
+    def __init__(self, stack: str, region: str, account_id: str = ACCOUNT_ID,
+                 subscription_id: str = SUBSCRIPTION_ID):
+        self.stack, self.region = stack, region
+        self.account, self.subscription = account_id, subscription_id
+
+    # --- resources ------------------------------------------------------------------------------
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        inputs = dict(args.inputs)
+        if args.resource_id:  # a read (Resource.get) or an import: the id is given
+            return args.resource_id, {**inputs, "id": args.resource_id, **self._read_extras(args)}
+        pkg = args.typ.split(":", 1)[0]
+        if pkg == "aws":
+            handler = _AWS.get(args.typ, _aws_generic)
+        elif pkg == "azure-native":
+            handler = _azure_resource
+        elif args.typ.startswith("pulumi:providers:"):
+            return fake_uuid(self.stack, args.typ, args.name), inputs
+        else:
+            handler = _generic
+        rid, computed = handler(self, args.typ, args.name, inputs)
+        state = {**inputs, **computed}
+        if pkg == "aws" and "tags" in inputs:
+            state.setdefault("tagsAll", inputs["tags"])
+        return rid, state
+
+    def _read_extras(self, args) -> dict:
+        if args.typ == "aws:ec2/subnet:Subnet":
+            return {"availabilityZone": f"{self.region}a", "vpcId": "vpc-" + digest(args.resource_id)}
+        return {}
+
+    def auto_name(self, typ: str, name: str, given: Any = None, sep: str = "-", lower: bool = False) -> str:
+        """The provider's auto-name: the logical name plus a 7-character suffix, unless one is given."""
+        if given:
+            return given
+        out = f"{name}{sep}{digest(self.stack, typ, name, n=7)}"
+        return out.lower() if lower else out
+
+    def arn(self, service: str, resource: str, region: bool = True, account: bool = True) -> str:
+        return (f"arn:aws:{service}:{self.region if region else ''}:"
+                f"{self.account if account else ''}:{resource}")
+
+    def hexid(self, prefix: str, typ: str, name: str) -> str:
+        return f"{prefix}-{digest(self.stack, typ, name)}"
+
+    # --- invokes --------------------------------------------------------------------------------
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        fn = _CALLS.get(args.token)
+        if fn is None:
+            raise MissingMock(f"the offline preview has no result for function {args.token} "
+                              "(add one to infra/preview/mocks.py)")
+        return fn(self, dict(args.args))
+
+
+# --- AWS resources ----------------------------------------------------------------------------------
+Handler = Callable[[PreviewMocks, str, str, dict], "tuple[str, dict]"]
+
+
+def _bucket(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    prefix = inputs.get("bucketPrefix")
+    bucket = inputs.get("bucket") or (prefix + digest(m.stack, typ, name, n=26) if prefix
+                                      else m.auto_name(typ, name, lower=True))
+    return bucket, {
+        "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}", "region": m.region,
+        "bucketDomainName": f"{bucket}.s3.amazonaws.com",
+        "bucketRegionalDomainName": f"{bucket}.s3.{m.region}.amazonaws.com",
+        "hostedZoneId": "Z1BKCTXD74EZPE",
+    }
+
+
+def _bucket_child(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return str(inputs.get("bucket", name)), {}
+
+
+def _queue(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    qname = inputs.get("name") or m.auto_name(typ, name) + (".fifo" if inputs.get("fifoQueue") else "")
+    url = f"https://sqs.{m.region}.amazonaws.com/{m.account}/{qname}"
+    return url, {"name": qname, "url": url, "arn": m.arn("sqs", qname)}
+
+
+def _queue_child(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return str(inputs.get("queueUrl", name)), {}
+
+
+def _kms_key(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    key_id = fake_uuid(m.stack, typ, name)
+    return key_id, {"keyId": key_id, "arn": m.arn("kms", f"key/{key_id}")}
+
+
+def _kms_alias(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    alias = inputs.get("name") or "alias/" + m.auto_name(typ, name)
+    return alias, {"name": alias, "arn": m.arn("kms", alias), "targetKeyArn": m.arn("kms", f"key/{inputs.get('targetKeyId', '')}")}
+
+
+def _iam_named(kind: str, id_is_arn: bool = False) -> Handler:
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        prefix = inputs.get("namePrefix")
+        iname = inputs.get("name") or (prefix + digest(m.stack, typ, name, n=26) if prefix else m.auto_name(typ, name))
+        path = inputs.get("path") or "/"
+        arn = m.arn("iam", f"{kind}{path}{iname}", region=False)
+        out = {"name": iname, "arn": arn, "path": path}
+        if kind == "role":
+            out["uniqueId"] = "AROA" + digest(m.stack, typ, name, n=17).upper()
+        if kind == "instance-profile":
+            out["uniqueId"] = "AIPA" + digest(m.stack, typ, name, n=17).upper()
+        if kind == "policy":
+            out["policyId"] = "ANPA" + digest(m.stack, typ, name, n=17).upper()
+        return (arn if id_is_arn else iname), out
+    return handler
+
+
+def _role_policy(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    pname = inputs.get("name") or m.auto_name(typ, name)
+    return f"{inputs.get('role', '')}:{pname}", {"name": pname}
+
+
+def _with_arn(prefix: str, arn_kind: str, extra: Callable[[PreviewMocks, str, str, dict, str], dict] | None = None) -> Handler:
+    """An EC2-style resource: ``<prefix>-<17 hex>`` id and ``arn:aws:ec2:...:<arn_kind>/<id>``."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        rid = m.hexid(prefix, typ, name)
+        out = {"arn": m.arn("ec2", f"{arn_kind}/{rid}"), "ownerId": m.account}
+        if extra:
+            out.update(extra(m, typ, name, inputs, rid))
+        return rid, out
+    return handler
+
+
+def _vpc_extra(m, typ, name, inputs, rid):
+    return {"defaultSecurityGroupId": m.hexid("sg", typ, name + "/default"),
+            "mainRouteTableId": m.hexid("rtb", typ, name + "/main"),
+            "defaultRouteTableId": m.hexid("rtb", typ, name + "/main"),
+            "defaultNetworkAclId": m.hexid("acl", typ, name + "/default"),
+            "dhcpOptionsId": m.hexid("dopt", typ, name)}
+
+
+def _subnet_extra(m, typ, name, inputs, rid):
+    az = inputs.get("availabilityZone") or f"{m.region}a"
+    return {"availabilityZone": az, "availabilityZoneId": _zone_id(m.region, az[-1])}
+
+
+def _sg_extra(m, typ, name, inputs, rid):
+    return {"name": inputs.get("name") or m.auto_name(typ, name)}
+
+
+def _lt_extra(m, typ, name, inputs, rid):
+    return {"name": inputs.get("name") or m.auto_name(typ, name), "latestVersion": 1, "defaultVersion": 1}
+
+
+def _endpoint_extra(m, typ, name, inputs, rid):
+    service = str(inputs.get("serviceName", ""))
+    out = {"state": "available"}
+    if inputs.get("vpcEndpointType", "Gateway") == "Gateway":
+        out["prefixListId"] = "pl-" + digest(service, n=8)
+    else:
+        short = service.rsplit(".", 1)[-1]
+        out["dnsEntries"] = [{"dnsName": f"{rid}.{short}.{m.region}.vpce.amazonaws.com",
+                              "hostedZoneId": "Z" + digest(service, n=13).upper()}]
+    return out
+
+
+def _eip_extra(m, typ, name, inputs, rid):
+    h = int(digest(m.stack, typ, name, n=4), 16)
+    return {"allocationId": rid, "publicIp": f"203.0.113.{h % 254 + 1}", "domain": "vpc"}
+
+
+def _placement_group(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    pname = inputs.get("name") or m.auto_name(typ, name)
+    return pname, {"name": pname, "placementGroupId": m.hexid("pg", typ, name),
+                   "arn": m.arn("ec2", f"placement-group/{pname}")}
+
+
+def _asg(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    gname = inputs.get("name") or m.auto_name(typ, name)
+    arn = m.arn("autoscaling", f"autoScalingGroup:{fake_uuid(m.stack, typ, name)}:autoScalingGroupName/{gname}")
+    return gname, {"name": gname, "arn": arn}
+
+
+def _asg_policy(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    pname = inputs.get("name") or m.auto_name(typ, name)
+    arn = m.arn("autoscaling", f"scalingPolicy:{fake_uuid(m.stack, typ, name)}:autoScalingGroupName/"
+                               f"{inputs.get('autoscalingGroupName', '')}:policyName/{pname}")
+    return pname, {"name": pname, "arn": arn}
+
+
+def _named(arn_of: Callable[[PreviewMocks, str], str] | None = None, key: str = "name") -> Handler:
+    """A resource whose id is its (auto-)name, with an optional ARN."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        rname = inputs.get(key) or m.auto_name(typ, name)
+        out = {key: rname}
+        if arn_of:
+            out["arn"] = arn_of(m, rname)
+        return rname, out
+    return handler
+
+
+def _dashboard(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    dname = inputs.get("dashboardName") or m.auto_name(typ, name)
+    return dname, {"dashboardName": dname, "dashboardArn": m.arn("cloudwatch", f"dashboard/{dname}", region=False)}
+
+
+def _budget(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    bname = inputs.get("name") or m.auto_name(typ, name)
+    return f"{m.account}:{bname}", {"name": bname, "accountId": m.account,
+                                     "arn": m.arn("budgets", f"budget/{bname}", region=False)}
+
+
+def _topic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    tname = inputs.get("name") or m.auto_name(typ, name)
+    arn = m.arn("sns", tname)
+    return arn, {"name": tname, "arn": arn}
+
+
+def _aws_generic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """Any other AWS resource: its (auto-)name as id and an ARN in its service."""
+    service = typ.split(":")[1].split("/")[0]
+    rid = inputs.get("name") or m.auto_name(typ, name)
+    return rid, {"arn": m.arn(service, f"{typ.rsplit(':', 1)[1].lower()}/{rid.lstrip('/')}")}
+
+
+def _generic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return m.auto_name(typ, name), {}
+
+
+def _zone_id(region: str, letter: str) -> str:
+    short = region.split("-")
+    return f"{short[0]}{short[1][0]}{short[2]}-az{ord(letter) - ord('a') + 1}" if len(short) == 3 else f"{region}-az1"
+
+
+_AWS: dict[str, Handler] = {
+    "aws:s3/bucket:Bucket": _bucket,
+    "aws:s3/bucketV2:BucketV2": _bucket,
+    "aws:sqs/queue:Queue": _queue,
+    "aws:sqs/queuePolicy:QueuePolicy": _queue_child,
+    "aws:sqs/redrivePolicy:RedrivePolicy": _queue_child,
+    "aws:sqs/redriveAllowPolicy:RedriveAllowPolicy": _queue_child,
+    "aws:kms/key:Key": _kms_key,
+    "aws:kms/alias:Alias": _kms_alias,
+    "aws:iam/role:Role": _iam_named("role"),
+    "aws:iam/instanceProfile:InstanceProfile": _iam_named("instance-profile"),
+    "aws:iam/policy:Policy": _iam_named("policy", id_is_arn=True),
+    "aws:iam/rolePolicy:RolePolicy": _role_policy,
+    "aws:ec2/vpc:Vpc": _with_arn("vpc", "vpc", _vpc_extra),
+    "aws:ec2/subnet:Subnet": _with_arn("subnet", "subnet", _subnet_extra),
+    "aws:ec2/securityGroup:SecurityGroup": _with_arn("sg", "security-group", _sg_extra),
+    "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup": _with_arn("sg", "security-group"),
+    "aws:ec2/securityGroupRule:SecurityGroupRule": _with_arn("sgr", "security-group-rule"),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": _with_arn("sgr", "security-group-rule"),
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": _with_arn("sgr", "security-group-rule"),
+    "aws:ec2/routeTable:RouteTable": _with_arn("rtb", "route-table"),
+    "aws:ec2/route:Route": _with_arn("r", "route"),
+    "aws:ec2/routeTableAssociation:RouteTableAssociation": _with_arn("rtbassoc", "route-table-association"),
+    "aws:ec2/internetGateway:InternetGateway": _with_arn("igw", "internet-gateway"),
+    "aws:ec2/natGateway:NatGateway": _with_arn("nat", "natgateway"),
+    "aws:ec2/eip:Eip": _with_arn("eipalloc", "elastic-ip", _eip_extra),
+    "aws:ec2/vpcEndpoint:VpcEndpoint": _with_arn("vpce", "vpc-endpoint", _endpoint_extra),
+    "aws:ec2/launchTemplate:LaunchTemplate": _with_arn("lt", "launch-template", _lt_extra),
+    "aws:ec2/flowLog:FlowLog": _with_arn("fl", "vpc-flow-log"),
+    "aws:ec2/placementGroup:PlacementGroup": _placement_group,
+    "aws:autoscaling/group:Group": _asg,
+    "aws:autoscaling/policy:Policy": _asg_policy,
+    "aws:autoscaling/lifecycleHook:LifecycleHook": _named(),
+    "aws:cloudwatch/logGroup:LogGroup": _named(lambda m, n: m.arn("logs", f"log-group:{n}")),
+    "aws:cloudwatch/metricAlarm:MetricAlarm": _named(lambda m, n: m.arn("cloudwatch", f"alarm:{n}")),
+    "aws:cloudwatch/dashboard:Dashboard": _dashboard,
+    "aws:budgets/budget:Budget": _budget,
+    "aws:sns/topic:Topic": _topic,
+    "aws:sns/topicPolicy:TopicPolicy": lambda m, typ, name, inputs: (str(inputs.get("arn", name)), {}),
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment": lambda m, typ, name, inputs: (
+        f"{inputs.get('role', '')}/{inputs.get('policyArn', '')}", {}),
+}
+for _tok in ("bucketVersioning:BucketVersioning", "bucketVersioningV2:BucketVersioningV2",
+             "bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+             "bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+             "bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+             "bucketLifecycleConfigurationV2:BucketLifecycleConfigurationV2",
+             "bucketLogging:BucketLogging", "bucketLoggingV2:BucketLoggingV2",
+             "bucketPublicAccessBlock:BucketPublicAccessBlock", "bucketOwnershipControls:BucketOwnershipControls",
+             "bucketPolicy:BucketPolicy"):
+    _AWS[f"aws:s3/{_tok}"] = _bucket_child
+
+
+# --- Azure resources --------------------------------------------------------------------------------
+_AZURE_PROVIDER = {
+    "resources": "Microsoft.Resources", "storage": "Microsoft.Storage", "compute": "Microsoft.Compute",
+    "network": "Microsoft.Network", "managedidentity": "Microsoft.ManagedIdentity",
+    "authorization": "Microsoft.Authorization", "insights": "Microsoft.Insights",
+    "monitor": "Microsoft.Insights", "operationalinsights": "Microsoft.OperationalInsights",
+    "keyvault": "Microsoft.KeyVault", "consumption": "Microsoft.Consumption",
+    "costmanagement": "Microsoft.CostManagement", "dashboard": "Microsoft.Portal", "portal": "Microsoft.Portal",
+}
+# (name input, path under the resource group) for types whose id nests under a parent resource.
+_AZURE_NESTED = {
+    "storage:BlobContainer": ("containerName", "storageAccounts/{accountName}/blobServices/default/containers/{}"),
+    "storage:Queue": ("queueName", "storageAccounts/{accountName}/queueServices/default/queues/{}"),
+    "storage:ManagementPolicy": ("managementPolicyName", "storageAccounts/{accountName}/managementPolicies/{}"),
+    "storage:BlobServiceProperties": ("blobServicesName", "storageAccounts/{accountName}/blobServices/{}"),
+    "network:Subnet": ("subnetName", "virtualNetworks/{virtualNetworkName}/subnets/{}"),
+    "network:SecurityRule": ("securityRuleName", "networkSecurityGroups/{networkSecurityGroupName}/securityRules/{}"),
+}
+
+
+def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    _, module, kind = typ.split(":")
+    provider = _AZURE_PROVIDER.get(module, f"Microsoft.{module.capitalize()}")
+    sub = f"/subscriptions/{m.subscription}"
+    nested = _AZURE_NESTED.get(f"{module}:{kind}")
+    if kind == "ResourceGroup":
+        rname = inputs.get("resourceGroupName") or m.auto_name(typ, name, sep="")
+        return f"{sub}/resourceGroups/{rname}", {"name": rname, "location": inputs.get("location", m.region)}
+    if kind == "RoleAssignment":  # named by a GUID
+        rname = inputs.get("roleAssignmentName") or fake_uuid(m.stack, typ, name)
+        tail = f"roleAssignments/{rname}"
+    elif nested:
+        key, path = nested
+        rname = inputs.get(key) or m.auto_name(typ, name, sep="", lower=True)
+        tail = path.format(rname, **{k: inputs.get(k, "") for k in ("accountName", "virtualNetworkName",
+                                                                     "networkSecurityGroupName")})
+    else:
+        given = next((v for k, v in inputs.items() if k.endswith("Name") and k != "resourceGroupName"
+                      and isinstance(v, str)), None)
+        rname = given or m.auto_name(typ, name, sep="", lower=kind == "StorageAccount")
+        if kind == "StorageAccount":
+            rname = rname.replace("-", "")[:24]
+        tail = f"{kind[0].lower()}{kind[1:]}{'' if kind.endswith('s') else 's'}/{rname}"
+        tail = tail.replace("ys/", "ies/") if kind.endswith("y") else tail
+    rg = inputs.get("resourceGroupName")
+    scope = f"{sub}/resourceGroups/{rg}" if rg else inputs.get("scope", sub)
+    rid = f"{scope}/providers/{provider}/{tail}"
+    out: dict[str, Any] = {"name": rname, "id": rid}
+    if kind == "UserAssignedIdentity":
+        out.update(clientId=fake_uuid(m.stack, typ, name, "client"),
+                   principalId=fake_uuid(m.stack, typ, name, "principal"), tenantId=TENANT_ID)
+    elif kind == "StorageAccount":
+        out["primaryEndpoints"] = {svc: f"https://{rname}.{svc}.core.windows.net/"
+                                   for svc in ("blob", "queue", "table", "file", "dfs")}
+    elif kind == "VirtualMachineScaleSet":
+        out["uniqueId"] = fake_uuid(m.stack, typ, name)
+    identity = inputs.get("identity")
+    if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+        # Given as a list of identity ids; Azure reports a map of id to the identity's client/principal.
+        out["identity"] = {**identity, "userAssignedIdentities": {
+            uid: {"clientId": fake_uuid(uid, "client"), "principalId": fake_uuid(uid, "principal")}
+            for uid in identity["userAssignedIdentities"]}}
+    if "location" not in inputs and rg:
+        out["location"] = m.region
+    return rid, out
+
+
+# --- invokes ---------------------------------------------------------------------------------------
+def _get_ami(m: PreviewMocks, args: dict) -> dict:
+    filters = {f.get("name"): f.get("values", []) for f in args.get("filters", [])}
+    pattern = (filters.get("name") or ["gpufleet-image"])[0]
+    name = pattern.replace("*", "2025-07-01T00-00-00Z")
+    image_id = "ami-" + digest(m.region, json.dumps(args, sort_keys=True))
+    owner = (args.get("owners") or [m.account])[0]
+    return {"id": image_id, "imageId": image_id, "name": name, "architecture": "x86_64",
+            "ownerId": m.account if owner == "self" else owner, "rootDeviceName": "/dev/sda1",
+            "rootDeviceType": "ebs", "virtualizationType": "hvm", "enaSupport": True,
+            "creationDate": "2025-07-01T00:00:00.000Z", "state": "available",
+            "arn": f"arn:aws:ec2:{m.region}::image/{image_id}"}
+
+
+def _policy_document(m: PreviewMocks, args: dict) -> dict:
+    """The IAM JSON the provider renders from ``aws.iam.get_policy_document`` statements."""
+    def one(values):
+        values = list(values)
+        return values[0] if len(values) == 1 else values
+
+    statements = []
+    for s in args.get("statements", []):
+        out: dict[str, Any] = {}
+        if s.get("sid"):
+            out["Sid"] = s["sid"]
+        out["Effect"] = s.get("effect", "Allow")
+        for key, field in (("actions", "Action"), ("notActions", "NotAction"),
+                           ("resources", "Resource"), ("notResources", "NotResource")):
+            if s.get(key):
+                out[field] = one(s[key])
+        for key, field in (("principals", "Principal"), ("notPrincipals", "NotPrincipal")):
+            if s.get(key):
+                out[field] = {p["type"]: one(p["identifiers"]) for p in s[key]}
+        if s.get("conditions"):
+            cond: dict[str, dict] = {}
+            for c in s["conditions"]:
+                cond.setdefault(c["test"], {})[c["variable"]] = one(c["values"])
+            out["Condition"] = cond
+        statements.append(out)
+    doc = {"Version": args.get("version", "2012-10-17"), "Statement": statements}
+    text = json.dumps(doc, indent=2)
+    return {"id": digest(text, n=10), "json": text, "minifiedJson": json.dumps(doc, separators=(",", ":"))}
+
+
+def _zones(m: PreviewMocks, args: dict) -> dict:
+    letters = "abc"
+    return {"id": m.region, "names": [m.region + x for x in letters],
+            "zoneIds": [_zone_id(m.region, x) for x in letters], "state": "available",
+            "groupNames": [m.region]}
+
+
+def _subnet(m: PreviewMocks, args: dict) -> dict:
+    sid = args.get("id") or "subnet-" + digest(json.dumps(args, sort_keys=True))
+    return {"id": sid, "vpcId": "vpc-" + digest(sid), "availabilityZone": f"{m.region}a",
+            "availabilityZoneId": _zone_id(m.region, "a"), "cidrBlock": "10.0.0.0/24",
+            "arn": m.arn("ec2", f"subnet/{sid}")}
+
+
+def _vpc(m: PreviewMocks, args: dict) -> dict:
+    vid = args.get("id") or "vpc-" + digest(json.dumps(args, sort_keys=True))
+    return {"id": vid, "cidrBlock": "10.0.0.0/16", "arn": m.arn("ec2", f"vpc/{vid}"),
+            "mainRouteTableId": "rtb-" + digest(vid), "ownerId": m.account}
+
+
+def _azure_client(m: PreviewMocks, args: dict) -> dict:
+    return {"clientId": fake_uuid("client", PREVIEW_PRINCIPAL), "objectId": fake_uuid("object", PREVIEW_PRINCIPAL),
+            "subscriptionId": m.subscription, "tenantId": TENANT_ID}
+
+
+_CALLS: dict[str, Callable[[PreviewMocks, dict], dict]] = {
+    "aws:ec2/getAmi:getAmi": _get_ami,
+    "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
+    "aws:index/getCallerIdentity:getCallerIdentity": lambda m, a: {
+        "id": m.account, "accountId": m.account, "userId": "AIDA" + digest(PREVIEW_PRINCIPAL, n=17).upper(),
+        "arn": f"arn:aws:iam::{m.account}:user/{PREVIEW_PRINCIPAL}"},
+    "aws:index/getRegion:getRegion": lambda m, a: {
+        "id": m.region, "name": m.region, "region": m.region, "description": m.region,
+        "endpoint": f"ec2.{m.region}.amazonaws.com"},
+    "aws:index/getPartition:getPartition": lambda m, a: {
+        "id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"},
+    "aws:index/getAvailabilityZones:getAvailabilityZones": _zones,
+    "aws:ec2/getSubnet:getSubnet": _subnet,
+    "aws:ec2/getVpc:getVpc": _vpc,
+    "aws:ec2/getSubnets:getSubnets": lambda m, a: {"id": m.region, "ids": [
+        "subnet-" + digest(m.region, x) for x in "abc"]},
+    "aws:index/getServicePrincipal:getServicePrincipal": lambda m, a: {
+        "id": f"{a['serviceName']}.amazonaws.com", "name": f"{a['serviceName']}.amazonaws.com",
+        "suffix": "amazonaws.com", "region": a.get("region", m.region)},
+    "azure-native:authorization:getClientConfig": _azure_client,
+    "azure-native:authorization:getClientToken": lambda m, a: {"token": "preview-token"},
+    "azure-native:resources:getResourceGroup": lambda m, a: {
+        "id": f"/subscriptions/{m.subscription}/resourceGroups/{a['resourceGroupName']}",
+        "name": a["resourceGroupName"], "location": m.region},
+}

@@ -1,0 +1,136 @@
+"""The offline provider answers: realistic formats, deterministic, explicit about what they lack."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from pulumi.runtime import MockCallArgs, MockResourceArgs
+
+from infra.preview.mocks import MissingMock, PreviewMocks
+
+M = PreviewMocks("dev", "eu-west-1")
+
+
+def new(typ, name, /, **inputs):
+    return M.new_resource(MockResourceArgs(typ=typ, name=name, inputs=inputs, custom=True))
+
+
+def call(token, **args):
+    return M.call(MockCallArgs(token=token, args=args, provider=""))
+
+
+def test_bucket_is_auto_named_lowercase_with_its_arn_and_domain():
+    rid, state = new("aws:s3/bucket:Bucket", "Data", tags={"team": "ml"})
+    assert re.fullmatch(r"data-[0-9a-f]{7}", rid)
+    assert state["bucket"] == rid and state["arn"] == f"arn:aws:s3:::{rid}"
+    assert state["bucketRegionalDomainName"] == f"{rid}.s3.eu-west-1.amazonaws.com"
+    assert state["tagsAll"] == {"team": "ml"} and state["tags"] == {"team": "ml"}
+    assert new("aws:s3/bucket:Bucket", "x", bucket="given-name")[0] == "given-name"
+    assert new("aws:s3/bucketPolicy:BucketPolicy", "p", bucket=rid, policy="{}")[0] == rid
+
+
+def test_ids_are_deterministic_and_differ_per_stack_and_name():
+    assert new("aws:s3/bucket:Bucket", "data") == new("aws:s3/bucket:Bucket", "data")
+    assert new("aws:s3/bucket:Bucket", "data")[0] != new("aws:s3/bucket:Bucket", "logs")[0]
+    other = PreviewMocks("prod", "eu-west-1").new_resource(
+        MockResourceArgs(typ="aws:s3/bucket:Bucket", name="data", inputs={}))
+    assert other[0] != new("aws:s3/bucket:Bucket", "data")[0]
+
+
+@pytest.mark.parametrize("typ, inputs, id_re, arn_re", [
+    ("aws:sqs/queue:Queue", {}, r"https://sqs\.eu-west-1\.amazonaws\.com/123456789012/q-[0-9a-f]{7}",
+     r"arn:aws:sqs:eu-west-1:123456789012:q-[0-9a-f]{7}"),
+    ("aws:sqs/queue:Queue", {"name": "jobs.fifo", "fifoQueue": True},
+     r"https://sqs\.eu-west-1\.amazonaws\.com/123456789012/jobs\.fifo", r"arn:aws:sqs:eu-west-1:123456789012:jobs\.fifo"),
+    ("aws:kms/key:Key", {}, r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-8[0-9a-f]{3}-[0-9a-f]{12}",
+     r"arn:aws:kms:eu-west-1:123456789012:key/[0-9a-f-]{36}"),
+    ("aws:iam/role:Role", {}, r"q-[0-9a-f]{7}", r"arn:aws:iam::123456789012:role/q-[0-9a-f]{7}"),
+    ("aws:iam/instanceProfile:InstanceProfile", {"name": "node"}, r"node",
+     r"arn:aws:iam::123456789012:instance-profile/node"),
+    ("aws:iam/policy:Policy", {"path": "/gpufleet/"}, r"arn:aws:iam::123456789012:policy/gpufleet/q-[0-9a-f]{7}",
+     r"arn:aws:iam::123456789012:policy/gpufleet/q-[0-9a-f]{7}"),
+    ("aws:ec2/vpc:Vpc", {}, r"vpc-[0-9a-f]{17}", r"arn:aws:ec2:eu-west-1:123456789012:vpc/vpc-[0-9a-f]{17}"),
+    ("aws:ec2/subnet:Subnet", {}, r"subnet-[0-9a-f]{17}", r"arn:aws:ec2:eu-west-1:123456789012:subnet/subnet-.*"),
+    ("aws:ec2/securityGroup:SecurityGroup", {}, r"sg-[0-9a-f]{17}", r"arn:aws:ec2:.*:security-group/sg-.*"),
+    ("aws:ec2/launchTemplate:LaunchTemplate", {}, r"lt-[0-9a-f]{17}", r"arn:aws:ec2:.*:launch-template/lt-.*"),
+    ("aws:ec2/placementGroup:PlacementGroup", {"strategy": "cluster"}, r"q-[0-9a-f]{7}",
+     r"arn:aws:ec2:eu-west-1:123456789012:placement-group/q-[0-9a-f]{7}"),
+    ("aws:autoscaling/group:Group", {}, r"q-[0-9a-f]{7}",
+     r"arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:[0-9a-f-]{36}:autoScalingGroupName/q-[0-9a-f]{7}"),
+    ("aws:cloudwatch/logGroup:LogGroup", {"name": "/gpufleet/dev"}, r"/gpufleet/dev",
+     r"arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"),
+    ("aws:cloudwatch/metricAlarm:MetricAlarm", {}, r"q-[0-9a-f]{7}", r"arn:aws:cloudwatch:eu-west-1:123456789012:alarm:q-.*"),
+    ("aws:budgets/budget:Budget", {"name": "gpu"}, r"123456789012:gpu", r"arn:aws:budgets::123456789012:budget/gpu"),
+    ("aws:sns/topic:Topic", {}, r"arn:aws:sns:eu-west-1:123456789012:q-[0-9a-f]{7}", r"arn:aws:sns:.*:q-[0-9a-f]{7}"),
+    ("aws:ssm/parameter:Parameter", {"name": "/x"}, r"/x", r"arn:aws:ssm:eu-west-1:123456789012:parameter/x"),
+])
+def test_aws_ids_and_arns_have_the_providers_shapes(typ, inputs, id_re, arn_re):
+    rid, state = new(typ, "q", **inputs)
+    assert re.fullmatch(id_re, rid), rid
+    assert re.fullmatch(arn_re, state["arn"]), state["arn"]
+
+
+def test_vpc_endpoint_and_subnet_details():
+    _, gw = new("aws:ec2/vpcEndpoint:VpcEndpoint", "s3", serviceName="com.amazonaws.eu-west-1.s3",
+                vpcEndpointType="Gateway")
+    assert gw["prefixListId"].startswith("pl-")
+    _, itf = new("aws:ec2/vpcEndpoint:VpcEndpoint", "sqs", serviceName="com.amazonaws.eu-west-1.sqs",
+                 vpcEndpointType="Interface")
+    assert itf["dnsEntries"][0]["dnsName"].endswith(".sqs.eu-west-1.vpce.amazonaws.com")
+    _, subnet = new("aws:ec2/subnet:Subnet", "a", availabilityZone="eu-west-1b")
+    assert subnet["availabilityZone"] == "eu-west-1b" and subnet["availabilityZoneId"] == "euw1-az2"
+
+
+def test_azure_resource_ids():
+    rg_id, rg = new("azure-native:resources:ResourceGroup", "gpu")
+    assert re.fullmatch(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/gpu[0-9a-f]{7}", rg_id)
+    acct_id, acct = new("azure-native:storage:StorageAccount", "data-store", resourceGroupName=rg["name"])
+    assert acct_id == f"{rg_id}/providers/Microsoft.Storage/storageAccounts/{acct['name']}"
+    assert re.fullmatch(r"[a-z0-9]{3,24}", acct["name"])
+    assert acct["primaryEndpoints"]["blob"] == f"https://{acct['name']}.blob.core.windows.net/"
+    cid, _ = new("azure-native:storage:BlobContainer", "ckpt", resourceGroupName=rg["name"],
+                 accountName=acct["name"], containerName="checkpoints")
+    assert cid == f"{acct_id}/blobServices/default/containers/checkpoints"
+    mid, ident = new("azure-native:managedidentity:UserAssignedIdentity", "node", resourceGroupName=rg["name"],
+                     resourceName="node-id")
+    assert mid.endswith("/providers/Microsoft.ManagedIdentity/userAssignedIdentities/node-id")
+    assert re.fullmatch(r"[0-9a-f-]{36}", ident["clientId"]) and ident["clientId"] != ident["principalId"]
+    sid, _ = new("azure-native:network:Subnet", "nodes", resourceGroupName=rg["name"],
+                 virtualNetworkName="vnet", subnetName="nodes")
+    assert sid.endswith("/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes")
+
+
+def test_invokes():
+    ident = call("aws:index/getCallerIdentity:getCallerIdentity")
+    assert ident["accountId"] == "123456789012" and ident["arn"].startswith("arn:aws:iam::123456789012:")
+    assert call("aws:index/getRegion:getRegion")["name"] == "eu-west-1"
+    assert call("aws:index/getAvailabilityZones:getAvailabilityZones", state="available")["names"] == [
+        "eu-west-1a", "eu-west-1b", "eu-west-1c"]
+    ami = call("aws:ec2/getAmi:getAmi", owners=["self"], mostRecent=True,
+               filters=[{"name": "name", "values": ["gpufleet-gpu-*"]}])
+    assert re.fullmatch(r"ami-[0-9a-f]{17}", ami["id"]) and ami["name"].startswith("gpufleet-gpu-")
+    assert ami["ownerId"] == "123456789012"
+    client = call("azure-native:authorization:getClientConfig")
+    assert set(client) == {"clientId", "objectId", "subscriptionId", "tenantId"}
+
+
+def test_policy_document_renders_like_the_provider():
+    out = call("aws:iam/getPolicyDocument:getPolicyDocument", statements=[
+        {"sid": "Tls", "effect": "Deny", "actions": ["s3:*"], "resources": ["arn:aws:s3:::b", "arn:aws:s3:::b/*"],
+         "principals": [{"type": "*", "identifiers": ["*"]}],
+         "conditions": [{"test": "NumericLessThan", "variable": "s3:TlsVersion", "values": ["1.2"]},
+                        {"test": "Bool", "variable": "aws:SecureTransport", "values": ["false"]}]},
+        {"actions": ["sqs:SendMessage"], "resources": ["arn:aws:sqs:eu-west-1:1:q"]}])
+    doc = json.loads(out["json"])
+    assert doc == {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Tls", "Effect": "Deny", "Action": "s3:*", "Resource": ["arn:aws:s3:::b", "arn:aws:s3:::b/*"],
+         "Principal": {"*": "*"},
+         "Condition": {"NumericLessThan": {"s3:TlsVersion": "1.2"}, "Bool": {"aws:SecureTransport": "false"}}},
+        {"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": "arn:aws:sqs:eu-west-1:1:q"}]}
+    assert json.loads(out["minifiedJson"]) == doc
+
+
+def test_unknown_invoke_is_an_error_not_an_empty_result():
+    with pytest.raises(MissingMock, match="aws:ec2/getInstanceType:getInstanceType"):
+        call("aws:ec2/getInstanceType:getInstanceType", instanceType="p5.48xlarge")
