@@ -1,0 +1,118 @@
+"""Cost arithmetic against hand-worked examples (730 h/month, catalog list prices)."""
+from __future__ import annotations
+
+import pytest
+
+from infra import catalog
+from infra.config import parse
+from infra.preview import cost
+
+
+def _cfg(**over):
+    raw = {"aws:region": "eu-west-1", "gpufleet:cloud": "aws", "gpufleet:mode": "queue",
+           "gpufleet:instanceTypes": ["g6.xlarge"], "gpufleet:nodes": {"min": 0, "desired": 0, "max": 4},
+           "gpufleet:spot": True, "gpufleet:dataClassification": "internal", "gpufleet:budgetMonthlyUsd": 3000,
+           "gpufleet:image": {"name": "gpufleet-gpu-*"}}
+    raw.update({f"gpufleet:{k}": v for k, v in over.items()})
+    return parse(raw, "t")
+
+
+def test_the_prices_the_examples_rely_on():
+    # The hand-worked figures below use these prices; if one changes, rework the examples.
+    assert catalog.CATALOG["g6.xlarge"].price_usd_hour == 0.8048
+    assert catalog.CATALOG["g6.xlarge"].spot_price_usd_hour == 0.3219      # 0.8048 x 0.40, 4 decimals
+    assert catalog.CATALOG["g5.xlarge"].price_usd_hour == 1.006
+    assert catalog.CATALOG["g5.xlarge"].spot_price_usd_hour == 0.4024      # 1.006 x 0.40
+    assert catalog.CATALOG["p5.48xlarge"].price_usd_hour == 55.04
+    assert catalog.CATALOG["p5.48xlarge"].spot_price_usd_hour == 33.024    # 55.04 x 0.60
+    assert catalog.CATALOG["Standard_ND96asr_v4"].price_usd_hour == 27.197
+    assert catalog.CATALOG["Standard_ND96asr_v4"].spot_price_usd_hour == 12.2386  # 27.197 x 0.45
+    # AWS root volume 200 GiB gp3 x $0.08 = $16.00 per node; 8 interface endpoints at $0.01/h per AZ = $7.30 each
+    # (test_review_end_to_end checks these counts against what the stacks create)
+    assert (cost.AWS_ROOT_VOLUME_GIB, cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS) == (200, 8, 3)
+
+
+def test_spot_queue_stack_scaling_from_zero():
+    est = cost.estimate(_cfg())
+    # fixed: KMS key 1.00 + dashboard 3.00 + 8 endpoints x 3 AZ x 0.01 x 730 = 175.20 -> 179.20
+    assert est["fixed_monthly_usd"] == 179.20
+    assert [f["monthly_usd"] for f in est["fixed"]] == [1.00, 3.00, 175.20]
+    # min = desired = 0 nodes: only the fixed items
+    assert est["rows"]["min"] == {"nodes": 0, "on_demand_usd": 0.0, "spot_usd": 0.0}
+    assert est["monthly_usd"]["min"] == est["monthly_usd"]["desired"] == 179.20
+    # max = 4 nodes, each with a $16.00 root volume:
+    # on-demand 4 x 0.8048 x 730 + 64 = 2414.016; spot 4 x 0.3219 x 730 + 64 = 1003.948
+    assert est["rows"]["max"] == {"nodes": 4, "on_demand_usd": 2414.02, "spot_usd": 1003.95}
+    assert est["monthly_usd"]["max"] == 1183.15            # spot stack: 1003.948 + 179.20
+    assert est["purchase"] == "spot"
+    assert (est["price_date"], est["price_region"], est["region"]) == (catalog.PRICE_DATE, "us-east-1", "eu-west-1")
+    # budget 3000: 1183.15 / 3000 = 39.44 %, headroom 1816.85
+    assert est["budget"] == {"monthly_usd": 3000.0, "within_at_desired": True, "within_at_max": True,
+                             "headroom_at_max_usd": 1816.85, "used_at_max_pct": 39.4}
+
+
+def test_on_demand_gang_stack_over_budget():
+    cfg = _cfg(mode="gang", instanceTypes=["p5.48xlarge"], nodes={"min": 4, "desired": 4, "max": 4}, spot=False,
+               budgetMonthlyUsd=150000)
+    est = cost.estimate(cfg)
+    # on-demand 4 x 55.04 x 730 + 4 x 16 = 160780.80; spot 4 x 33.024 x 730 + 64 = 96494.08
+    for level in ("min", "desired", "max"):
+        assert est["rows"][level] == {"nodes": 4, "on_demand_usd": 160780.80, "spot_usd": 96494.08}
+    # gang mode uses one subnet: 8 endpoints x 1 AZ x 7.30 = 58.40; + 1.00 + 3.00 = 62.40
+    assert est["fixed_monthly_usd"] == 62.40
+    assert est["monthly_usd"] == {"min": 160843.20, "desired": 160843.20, "max": 160843.20}
+    assert est["prices"]["spot"]["basis"] == "primary type"
+    # 160843.20 > 150000: over budget already at the desired size, by 10843.20
+    assert (est["budget"]["within_at_desired"], est["budget"]["within_at_max"]) == (False, False)
+    assert est["budget"]["headroom_at_max_usd"] == -10843.20
+
+
+def test_existing_network_has_no_endpoint_charge():
+    est = cost.estimate(_cfg(network={"vpcId": "vpc-0123456789abcdef0", "subnetIds": ["subnet-0123456789abcdef0"]}))
+    assert [f["item"] for f in est["fixed"]] == ["KMS customer managed key", "CloudWatch dashboard"]
+    assert est["monthly_usd"]["min"] == 4.00
+
+
+def test_on_demand_base_is_honoured_in_the_spot_column():
+    est = cost.estimate(_cfg(instanceTypes=["g5.xlarge"], nodes={"min": 0, "desired": 2, "max": 4}, onDemandBase=1))
+    # desired 2: 1 on-demand + 1 spot = (1.006 + 0.4024) x 730 + 2 x 16 = 1060.132
+    assert est["rows"]["desired"] == {"nodes": 2, "on_demand_usd": 1500.76, "spot_usd": 1060.13}
+    # max 4: 1 on-demand + 3 spot = (1.006 + 3 x 0.4024) x 730 + 4 x 16 = 1679.636
+    assert est["rows"]["max"]["spot_usd"] == 1679.64
+    # min 0: the base cannot exceed the node count
+    assert est["rows"]["min"]["spot_usd"] == 0.0
+    assert est["monthly_usd"]["desired"] == 1239.33           # 1060.132 + 179.20
+
+
+def test_mixed_types_price_on_demand_by_primary_and_spot_by_cheapest():
+    est = cost.estimate(_cfg(instanceTypes=["g5.xlarge", "g6.xlarge"]))
+    assert est["prices"]["on_demand"] == {"instance_type": "g5.xlarge", "usd_hour": 1.006, "basis": "primary type"}
+    assert est["prices"]["spot"] == {"instance_type": "g6.xlarge", "usd_hour": 0.3219,
+                                     "basis": "cheapest of the listed types"}
+    # on-demand 4 x 1.006 x 730 + 64 = 3001.52; spot 4 x 0.3219 x 730 + 64 = 1003.948
+    assert est["rows"]["max"] == {"nodes": 4, "on_demand_usd": 3001.52, "spot_usd": 1003.95}
+
+
+def test_azure_stack_prices_the_os_disk_tier():
+    assert cost.AZURE_OS_DISK_GB == 256                        # 256 GiB bills as a P15 disk, $38.02
+    raw = {"azure-native:location": "westeurope", "gpufleet:cloud": "azure", "gpufleet:mode": "queue",
+           "gpufleet:instanceTypes": ["Standard_ND96asr_v4"], "gpufleet:nodes": {"min": 0, "desired": 1, "max": 4},
+           "gpufleet:spot": True, "gpufleet:dataClassification": "internal", "gpufleet:budgetMonthlyUsd": 30000,
+           "gpufleet:image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+           "gpufleet:sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"}
+    est = cost.estimate(parse(raw, "az"))
+    assert (est["fixed"], est["price_region"]) == ([], "eastus")
+    assert est["node_disk"] == {"item": "OS disk 256 GiB Premium SSD (P15)", "usd_month": 38.02}
+    # desired 1: 12.2386 x 730 + 38.02 = 8972.198; max 4: 35736.712 + 152.08 = 35888.792 (spot)
+    # and 4 x 27.197 x 730 + 152.08 = 79567.32 (on-demand)
+    assert est["monthly_usd"] == {"min": 0.0, "desired": 8972.20, "max": 35888.79}
+    assert est["rows"]["max"]["on_demand_usd"] == 79567.32
+    # 35888.79 > 30000 at max, 8972.20 within at desired
+    assert (est["budget"]["within_at_desired"], est["budget"]["within_at_max"]) == (True, False)
+
+
+@pytest.mark.parametrize("count,base,expected", [(0, 2, 0.0), (1, 2, 2.0 * 730 + 5),
+                                                 (3, 2, (2 * 2.0 + 1.0) * 730 + 15)])
+def test_node_month_splits_at_the_base(count, base, expected):
+    month = cost.node_month(count, base, od_hour=2.0, spot_hour=1.0, disk_month=5.0)
+    assert month["spot_usd"] == pytest.approx(expected)
