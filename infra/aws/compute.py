@@ -1,5 +1,7 @@
 """Compute: the launch template and the autoscaling group of GPU nodes.
 
+Root volumes are encrypted with the stack key; the group launches nodes as the stack's own
+Auto Scaling service-linked role, which that key's policy lets use it.
 Queue mode scales on the job backlog (waiting + in-flight messages) with the steps of
 `infra.scaling.backlog_steps`, from zero to max and back; gang mode holds a fixed size.
 """
@@ -38,6 +40,8 @@ class ComputeArgs:
     security_group_id: pulumi.Input[str]
     placement_group: Optional[pulumi.Input[str]]
     instance_profile_arn: pulumi.Input[str]
+    key_arn: pulumi.Input[str]              # the stack key, which encrypts the root volumes
+    autoscaling_role_arn: pulumi.Input[str] # service-linked role the group launches with; the key lets it
     node_settings: pulumi.Input[dict]       # node.json, see infra.userdata
     launch_hook: str
     terminate_hook: str
@@ -78,7 +82,7 @@ class Compute(pulumi.ComponentResource):
             block_device_mappings=[{
                 "device_name": ami.root_device_name,
                 "ebs": {"volume_size": ROOT_VOLUME_GIB, "volume_type": "gp3", "encrypted": "true",
-                        "delete_on_termination": "true"}}],
+                        "kms_key_id": args.key_arn, "delete_on_termination": "true"}}],
             network_interfaces=[{
                 "network_card_index": nic.network_card_index, "device_index": nic.device_index,
                 "interface_type": nic.interface_type, "security_groups": [args.security_group_id],
@@ -94,6 +98,7 @@ class Compute(pulumi.ComponentResource):
         self.group = aws.autoscaling.Group(
             f"{p}-nodes", name=args.asg_name, min_size=cap.min, max_size=cap.max, desired_capacity=cap.desired,
             vpc_zone_identifiers=args.subnet_ids, placement_group=args.placement_group,
+            service_linked_role_arn=args.autoscaling_role_arn,
             mixed_instances_policy={
                 "instances_distribution": {
                     "on_demand_base_capacity": args.on_demand_base,

@@ -36,9 +36,18 @@ def log_group_arn(region: str, account_id: str, name: str) -> str:
     return f"arn:{partition(region)}:logs:{region}:{account_id}:log-group:{name}"
 
 
-def key_policy(account_id: str, region: str, log_group_names: list[str]) -> dict:
+# What the EC2 Auto Scaling user guide asks a customer managed key to grant the group's service-linked
+# role for EBS encryption ("Required AWS KMS key policy for use with encrypted volumes"), with its
+# `kms:ReEncrypt*` and `kms:GenerateDataKey*` spelled out as the symmetric-key actions they stand for.
+AUTOSCALING_EBS_KEY_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo",
+                               "kms:GenerateDataKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey")
+
+
+def key_policy(account_id: str, region: str, log_group_names: list[str], autoscaling_role_arn: str) -> dict:
     """The stack's KMS key: account administration, CloudWatch Logs for the stack's log groups only,
-    and CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic."""
+    CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic, and the node group's
+    Auto Scaling service-linked role launching nodes with EBS volumes encrypted by this key (grants
+    only for AWS resources, as EBS attaches them)."""
     part = partition(region)
     log_group_arns = [log_group_arn(region, account_id, name) for name in log_group_names]
     return _doc(
@@ -54,6 +63,11 @@ def key_policy(account_id: str, region: str, log_group_names: list[str]) -> dict
          "Principal": {"Service": ["cloudwatch.amazonaws.com", "budgets.amazonaws.com"]},
          "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": "*",
          "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}},
+        {"Sid": "AutoScalingEbsVolumes", "Effect": "Allow", "Principal": {"AWS": autoscaling_role_arn},
+         "Action": list(AUTOSCALING_EBS_KEY_ACTIONS), "Resource": "*"},
+        {"Sid": "AutoScalingEbsGrants", "Effect": "Allow", "Principal": {"AWS": autoscaling_role_arn},
+         "Action": "kms:CreateGrant", "Resource": "*",
+         "Condition": {"Bool": {"kms:GrantIsForAWSResource": True}}},
     )
 
 

@@ -1,6 +1,8 @@
 """Wire the AWS components of one stack and return its outputs."""
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 import pulumi
@@ -17,6 +19,21 @@ from infra.aws.queue import JobQueue, QueueArgs
 from infra.aws.storage import Storage, StorageArgs
 from infra.config import StackConfig
 
+AUTOSCALING_ROLE_PREFIX = "AWSServiceRoleForAutoScaling_"   # the service's part of the role name
+IAM_ROLE_NAME_MAX = 64
+
+
+def role_suffix(prefix: str) -> str:
+    """Custom suffix of the stack's Auto Scaling service-linked role: the stack prefix with characters
+    IAM names reject replaced by '-', cut and made unique with a hash where the role name would pass
+    IAM's 64 characters."""
+    suffix = re.sub(r"[^\w+=,.@-]", "-", prefix, flags=re.ASCII)
+    room = IAM_ROLE_NAME_MAX - len(AUTOSCALING_ROLE_PREFIX)
+    if len(suffix) <= room:
+        return suffix
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:8]
+    return f"{suffix[:room - len(digest) - 1]}-{digest}"
+
 
 @dataclass(frozen=True)
 class Names:
@@ -28,6 +45,7 @@ class Names:
     metric_namespace: str
     launch_hook: str
     terminate_hook: str
+    autoscaling_role_suffix: str
 
     @classmethod
     def of(cls, stack: str) -> "Names":
@@ -35,7 +53,7 @@ class Names:
         return cls(prefix=prefix, asg=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
                    flow_log_group=f"/gpufleet/{stack}/vpc-flow-logs",
                    metric_namespace=f"gpufleet/{stack}", launch_hook=f"{prefix}-preflight",
-                   terminate_hook=f"{prefix}-checkpoint")
+                   terminate_hook=f"{prefix}-checkpoint", autoscaling_role_suffix=role_suffix(prefix))
 
 
 def node_settings(cfg: StackConfig, names: Names, use_efa: bool, bucket: str, queue_url: str) -> dict:
@@ -61,7 +79,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     storage = Storage("storage", StorageArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id,
         log_group_names=(names.log_group, names.flow_log_group),
-        access_logging=cfg.data_classification == "phi", tags=tags))
+        autoscaling_role_suffix=names.autoscaling_role_suffix, access_logging=cfg.data_classification == "phi", tags=tags))
     queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         prefix=names.prefix, stack=cfg.stack, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
@@ -89,7 +107,8 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         interfaces=efa.layout(cfg.primary, use_efa), subnet_ids=network.subnet_ids,
         security_group_id=network.node_sg.id,
         placement_group=network.placement_group.name if network.placement_group else None,
-        instance_profile_arn=identity.instance_profile.arn, node_settings=settings,
+        instance_profile_arn=identity.instance_profile.arn, key_arn=storage.key.arn,
+        autoscaling_role_arn=storage.autoscaling_role.arn, node_settings=settings,
         launch_hook=names.launch_hook, terminate_hook=names.terminate_hook, queue_name=queue.queue.name,
         tags=tags))
 
@@ -99,6 +118,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "bucket": storage.bucket.bucket,
         "accessLogBucket": storage.log_bucket.bucket if storage.log_bucket else None,
         "kmsKey": storage.key.arn,
+        "autoscalingServiceRole": storage.autoscaling_role.arn,
         "queueUrl": queue.queue.url,
         "dlqUrl": queue.dlq.url,
         "autoscalingGroup": compute.group.name,

@@ -148,6 +148,16 @@ def _iam_named(kind: str, id_is_arn: bool = False) -> Handler:
     return handler
 
 
+def _service_linked_role(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    service = inputs.get("awsServiceName", "")
+    base = "AWSServiceRoleFor" + {"autoscaling.amazonaws.com": "AutoScaling"}.get(service, service.split(".")[0])
+    rname = base + (f"_{inputs['customSuffix']}" if inputs.get("customSuffix") else "")
+    path = f"/aws-service-role/{service}/"
+    arn = m.arn("iam", f"role{path}{rname}", region=False)
+    return arn, {"name": rname, "arn": arn, "path": path,
+                 "uniqueId": "AROA" + digest(m.stack, typ, name, n=17).upper()}
+
+
 def _role_policy(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     pname = inputs.get("name") or m.auto_name(typ, name)
     return f"{inputs.get('role', '')}:{pname}", {"name": pname}
@@ -278,6 +288,7 @@ _AWS: dict[str, Handler] = {
     "aws:iam/instanceProfile:InstanceProfile": _iam_named("instance-profile"),
     "aws:iam/policy:Policy": _iam_named("policy", id_is_arn=True),
     "aws:iam/rolePolicy:RolePolicy": _role_policy,
+    "aws:iam/serviceLinkedRole:ServiceLinkedRole": _service_linked_role,
     "aws:ec2/vpc:Vpc": _with_arn("vpc", "vpc", _vpc_extra),
     "aws:ec2/subnet:Subnet": _with_arn("subnet", "subnet", _subnet_extra),
     "aws:ec2/securityGroup:SecurityGroup": _with_arn("sg", "security-group", _sg_extra),

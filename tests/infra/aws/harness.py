@@ -81,6 +81,11 @@ class AwsMocks(pulumi.runtime.Mocks):
         elif typ == "aws:iam/role:Role":
             rid = auto
             state.update(name=auto, arn=f"arn:aws:iam::{acct}:role/{auto}")
+        elif typ == "aws:iam/serviceLinkedRole:ServiceLinkedRole":
+            assert inputs["awsServiceName"] == "autoscaling.amazonaws.com", inputs
+            path = f"/aws-service-role/{inputs['awsServiceName']}/"
+            rid = f"AWSServiceRoleForAutoScaling_{inputs['customSuffix']}"
+            state.update(name=rid, path=path, arn=f"arn:aws:iam::{acct}:role{path}{rid}")
         elif typ == "aws:iam/instanceProfile:InstanceProfile":
             rid = auto
             state.update(name=auto, arn=f"arn:aws:iam::{acct}:instance-profile/{auto}")
@@ -171,8 +176,6 @@ def build_stack(cfg: config.StackConfig) -> Built:
     return Built(cfg, mocks.registered, outputs, mocks.calls)
 
 
-
-
 def assert_least_privilege(doc: dict, namespace: str) -> None:
     """No wildcard action; Resource "*" only for Describe calls and namespaced PutMetricData."""
     for st in doc["Statement"]:
@@ -186,3 +189,24 @@ def assert_least_privilege(doc: dict, namespace: str) -> None:
                     assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": namespace}}
                 else:
                     assert action.split(":")[1].startswith("Describe"), action
+
+
+def assert_autoscaling_ebs_grants(doc: dict, role_arn: str) -> None:
+    """The key lets the group's service-linked role do what the EC2 Auto Scaling user guide lists for
+    EBS volumes encrypted with a customer managed key, wildcards spelled out, and create grants only
+    for AWS resources."""
+    mine = [st for st in doc["Statement"] if st.get("Principal") == {"AWS": role_arn}]
+    assert [st["Sid"] for st in mine] == ["AutoScalingEbsVolumes", "AutoScalingEbsGrants"]
+    use, grant = mine
+    assert sorted(use["Action"]) == sorted([
+        "kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
+        "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"])
+    assert "Condition" not in use
+    assert grant["Action"] == "kms:CreateGrant"
+    assert grant.get("Condition") == {"Bool": {"kms:GrantIsForAWSResource": True}}
+    for st in mine:
+        assert st["Effect"] == "Allow" and st["Resource"] == "*"
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        assert all("*" not in a for a in actions), actions
+    # the role appears in no other statement
+    assert all(role_arn not in json.dumps(st) for st in doc["Statement"] if st not in mine)

@@ -1,8 +1,11 @@
-"""Policy documents (pure)."""
+"""Policy documents and IAM names (pure)."""
+import re
+
 import pytest
 
 from infra.aws import policies
-from tests.infra.aws.harness import assert_least_privilege
+from infra.aws.stack import role_suffix
+from tests.infra.aws.harness import assert_autoscaling_ebs_grants, assert_least_privilege
 
 BUCKET = "arn:aws:s3:::gpufleet-dev-data-abc"
 KEY = "arn:aws:kms:eu-west-1:123456789012:key/k"
@@ -10,6 +13,8 @@ QUEUE = "arn:aws:sqs:eu-west-1:123456789012:jobs"
 ASG = policies.asg_arn("eu-west-1", "123456789012", "gpufleet-dev-nodes")
 LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"
 FLOW_LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev/vpc-flow-logs"
+SLR = ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
+       "AWSServiceRoleForAutoScaling_gpufleet-dev")
 
 
 def test_node_policy_is_least_privilege_and_scoped():
@@ -42,11 +47,49 @@ def test_bucket_policy_denies_plain_http_and_old_tls():
 
 
 def test_key_policy_limits_logs_to_the_stack_log_groups():
-    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev", "/gpufleet/dev/vpc-flow-logs"])
+    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev", "/gpufleet/dev/vpc-flow-logs"], SLR)
     logs = next(st for st in doc["Statement"] if st["Sid"] == "CloudWatchLogsForStackLogGroups")
     assert logs["Principal"] == {"Service": "logs.eu-west-1.amazonaws.com"}
     assert logs["Condition"] == {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": [LOGS, FLOW_LOGS]}}
     assert "kms:GenerateDataKey" in logs["Action"] and "kms:Decrypt" in logs["Action"]
+
+
+def test_key_policy_lets_the_autoscaling_role_encrypt_node_volumes():
+    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
+    assert_autoscaling_ebs_grants(doc, SLR)
+    sids = [st["Sid"] for st in doc["Statement"]]
+    assert len(sids) == len(set(sids)) == 5
+
+
+def test_ebs_grant_check_rejects_a_grant_without_the_aws_resource_condition():
+    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
+    del doc["Statement"][-1]["Condition"]
+    with pytest.raises(AssertionError):
+        assert_autoscaling_ebs_grants(doc, SLR)
+    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
+    doc["Statement"][-2]["Action"] = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                                      "kms:DescribeKey"]
+    with pytest.raises(AssertionError):
+        assert_autoscaling_ebs_grants(doc, SLR)
+
+
+@pytest.mark.parametrize("prefix,suffix", [
+    ("gpufleet-dev", "gpufleet-dev"),
+    ("gpufleet-team.a_b@x", "gpufleet-team.a_b@x"),       # IAM allows \w+=,.@-
+    ("gpufleet-a/b c:ä", "gpufleet-a-b-c--"),             # anything else becomes '-'
+])
+def test_role_suffix_keeps_a_short_stack_prefix(prefix, suffix):
+    assert role_suffix(prefix) == suffix
+
+
+def test_role_suffix_fits_the_iam_role_name_limit_and_stays_unique():
+    a, b = (role_suffix("gpufleet-" + "research-cluster-eu-" * 3 + end) for end in ("one", "two"))
+    assert a != b
+    for s in (a, b):
+        assert len("AWSServiceRoleForAutoScaling_" + s) == 64
+        assert re.fullmatch(r"[A-Za-z0-9_+=,.@-]+", s)
+        assert s.startswith("gpufleet-research-cluster")
+    assert role_suffix("gpufleet-" + "x" * 26) == "gpufleet-" + "x" * 26   # exactly 64 with the prefix
 
 
 def test_flow_log_role_trusts_only_vpc_flow_logs_of_this_account():

@@ -10,7 +10,8 @@ import pytest
 from infra import scaling
 from infra.aws import efa, network
 from infra.catalog import CATALOG
-from tests.infra.aws.harness import ACCOUNT, assert_least_privilege, build_stack, stack_config
+from tests.infra.aws.harness import (ACCOUNT, assert_autoscaling_ebs_grants, assert_least_privilege, build_stack,
+                                     stack_config)
 
 STACKS = ["dev", "prod"]
 T = {  # resource type tokens
@@ -21,6 +22,7 @@ T = {  # resource type tokens
     "subnet": "aws:ec2/subnet:Subnet", "alarm": "aws:cloudwatch/metricAlarm:MetricAlarm",
     "policy": "aws:autoscaling/policy:Policy", "log_group": "aws:cloudwatch/logGroup:LogGroup",
     "role": "aws:iam/role:Role", "role_policy": "aws:iam/rolePolicy:RolePolicy", "flow_log": "aws:ec2/flowLog:FlowLog",
+    "slr": "aws:iam/serviceLinkedRole:ServiceLinkedRole",
 }
 
 
@@ -296,7 +298,31 @@ def test_launch_template_hardening(built):
     (root,) = lt["blockDeviceMappings"]
     assert root["deviceName"] == "/dev/sda1"  # the AMI's root device, from the one AMI lookup
     assert root["ebs"]["volumeType"] == "gp3" and root["ebs"]["encrypted"] == "true"
+    assert root["ebs"]["kmsKeyId"] == built.outputs["kmsKey"]
     assert "instanceType" not in lt, "types come from the mixed-instances overrides"
+
+
+@pytest.mark.parametrize("variant", ["dev", "prod", "phi"])
+def test_root_volumes_use_the_stack_key_through_the_stack_autoscaling_role(variant, request):
+    b = request.getfixturevalue(variant)
+    key = b.one(T["key"])
+    (root,) = b.one(T["lt"]).inputs["blockDeviceMappings"]
+    assert root["ebs"] == {"volumeSize": 200, "volumeType": "gp3", "encrypted": "true",
+                           "kmsKeyId": key.state["arn"], "deleteOnTermination": "true"}
+    slr = b.one(T["slr"])
+    assert slr.inputs["awsServiceName"] == "autoscaling.amazonaws.com"
+    assert slr.inputs["customSuffix"] == f"gpufleet-{b.cfg.stack}"
+    assert slr.state["arn"] == (f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/autoscaling.amazonaws.com/"
+                                f"AWSServiceRoleForAutoScaling_gpufleet-{b.cfg.stack}")
+    assert b.one(T["asg"]).inputs["serviceLinkedRoleArn"] == slr.state["arn"] == b.outputs["autoscalingServiceRole"]
+    assert_autoscaling_ebs_grants(json.loads(key.inputs["policy"]), slr.state["arn"])
+    # the key policy names the role, so the role exists before the key
+    assert b.resources.index(slr) < b.resources.index(key)
+    # nodes need no key rights for their own volumes (EC2 uses the grants); theirs are for S3 and SQS
+    node_doc = json.loads(b.one(T["role_policy"], "-node").inputs["policy"])
+    node_kms = [st for st in node_doc["Statement"] if str(st["Action"]).startswith(("kms:", "['kms:"))]
+    assert [(st["Action"], st["Resource"]) for st in node_kms] == [(["kms:Decrypt", "kms:GenerateDataKey"],
+                                                                   key.state["arn"])]
 
 
 def test_ami_looked_up_once_by_id_or_name(built):
@@ -476,7 +502,8 @@ def test_each_resource_belongs_to_one_concern(built):
 def test_outputs(built):
     o = built.outputs
     for key in ("bucket", "queueUrl", "dlqUrl", "autoscalingGroup", "dashboard", "logGroup", "kmsKey", "nodeRole",
-                "launchTemplate", "region", "alertTopic", "vpcId", "subnetIds", "metricNamespace"):
+                "launchTemplate", "region", "alertTopic", "vpcId", "subnetIds", "metricNamespace",
+                "autoscalingServiceRole"):
         assert o[key], key
     assert o["region"] == built.cfg.region
     assert o["queueUrl"].startswith(f"https://sqs.{built.cfg.region}.amazonaws.com/")

@@ -134,3 +134,11 @@ def test_policy_document_renders_like_the_provider():
 def test_unknown_invoke_is_an_error_not_an_empty_result():
     with pytest.raises(MissingMock, match="aws:ec2/getInstanceType:getInstanceType"):
         call("aws:ec2/getInstanceType:getInstanceType", instanceType="p5.48xlarge")
+
+
+def test_service_linked_role_arn_has_the_service_path_and_suffix():
+    arn, state = new("aws:iam/serviceLinkedRole:ServiceLinkedRole", "asg",
+                     awsServiceName="autoscaling.amazonaws.com", customSuffix="gpufleet-dev")
+    assert arn == ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
+                   "AWSServiceRoleForAutoScaling_gpufleet-dev")
+    assert state["name"] == "AWSServiceRoleForAutoScaling_gpufleet-dev"
