@@ -1,0 +1,64 @@
+"""CloudWatch log groups (encryption, retention) and VPC flow logs."""
+from __future__ import annotations
+
+from policies.common import UNKNOWN, number, resource_policy, stack_policy
+from policies.tokens import FLOW_LOG, LOG_GROUP, VPC
+
+
+def check_log_group_encrypted(props: dict, ctx):
+    if not props.get("kmsKeyId"):
+        yield "log group is not encrypted with a KMS key (kmsKeyId unset)"
+
+
+def check_log_group_retention(props: dict, ctx):
+    days = props.get("retentionInDays")
+    if days is UNKNOWN:
+        return
+    days = number(days)
+    if not days:
+        yield "log group keeps events forever (retentionInDays unset or 0)"
+    elif not ctx.config["minDays"] <= days <= ctx.config["maxDays"]:
+        yield f"retentionInDays {days:g} is outside {ctx.config['minDays']:g}-{ctx.config['maxDays']:g}"
+
+
+def check_flow_logs(stack, ctx):
+    if ctx.classification() not in ctx.config["classifications"] or not any(
+            r.type.startswith("aws:") for r in stack.resources):
+        return
+    logs = stack.of(FLOW_LOG)
+    vpcs = stack.of(VPC)
+    for vpc in vpcs:
+        if not stack.referrers(vpc, [FLOW_LOG], "vpcId"):
+            yield f"VPC '{vpc.name}' of a {ctx.classification()} stack has no flow log", vpc.urn
+    if not vpcs and not logs:
+        yield f"{ctx.classification()} stack in an existing VPC declares no flow log for it", None
+    for log in logs:
+        if log.props.get("trafficType") not in ("ALL", UNKNOWN):
+            yield f"flow log '{log.name}' records {log.props.get('trafficType')} traffic, not ALL", log.urn
+
+
+POLICIES = [
+    resource_policy(
+        "aws-cloudwatch-loggroup-encrypted",
+        "CloudWatch log groups are encrypted with a KMS key.",
+        types=[LOG_GROUP], severity="medium", frameworks=["HIPAA", "GDPR"], check=check_log_group_encrypted,
+        remediation="Set kmsKeyId to the stack's KMS key; its key policy must allow logs.<region>.amazonaws.com."),
+    resource_policy(
+        "aws-cloudwatch-loggroup-retention",
+        "CloudWatch log groups expire events after a bounded retention period.",
+        types=[LOG_GROUP], severity="low", frameworks=["GDPR", "CIS"], check=check_log_group_retention,
+        mandatory=False,
+        config={"minDays": {"type": "integer", "minimum": 1, "default": 14,
+                            "description": "Shortest allowed retention in days."},
+                "maxDays": {"type": "integer", "minimum": 1, "default": 3653,
+                            "description": "Longest allowed retention in days."}},
+        remediation="Set retentionInDays (e.g. 30 or 90) on the log group."),
+    stack_policy(
+        "aws-ec2-vpc-flow-logs",
+        "VPCs of stacks holding regulated data record all traffic in flow logs.",
+        severity="medium", frameworks=["HIPAA", "CIS"], check=check_flow_logs,
+        config={"classifications": {"type": "array", "items": {"type": "string"}, "default": ["phi"],
+                                    "description": "Data classifications whose VPCs need flow logs."}},
+        remediation="Add an aws.ec2.FlowLog with vpcId of the VPC, trafficType 'ALL', delivering to an encrypted "
+                    "log group with retention."),
+]

@@ -1,0 +1,290 @@
+"""Hand-built resource sets with the shapes the engine sends (camelCase inputs, launch-template
+booleans as strings, URNs, parents, dependencies and property dependencies).
+
+`aws_gang()`, `aws_queue()` and `azure_queue()` build compliant stacks modelled on the gpufleet
+stacks; tests mutate one thing and expect exactly the policy that guards it to fire.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+PROJECT = "gpufleet"
+TAGS = {"team": "ml-platform", "cost-center": "research", "environment": "test"}
+KEY_ARN = "arn:aws:kms:eu-north-1:123456789012:key/2ea3ad1a-8e11-469d-84dc-4a1ec3b80a00"
+UNKNOWN = "[unknown]"  # how the offline preview writes a value unknown at preview time
+
+# Stack config as the engine passes it to a policy pack (strings; objects as JSON).
+STACKS = {
+    "prod": {"aws:region": "eu-north-1", "gpufleet:cloud": "aws", "gpufleet:mode": "gang",
+             "gpufleet:instanceTypes": '["p5.48xlarge"]', "gpufleet:nodes": '{"min": 4, "desired": 4, "max": 4}',
+             "gpufleet:spot": "false", "gpufleet:dataClassification": "personal",
+             "gpufleet:budgetMonthlyUsd": "200000"},
+    "dev": {"aws:region": "eu-west-1", "gpufleet:cloud": "aws", "gpufleet:mode": "queue",
+            "gpufleet:instanceTypes": '["g6.xlarge", "g5.xlarge"]', "gpufleet:nodes": '{"min": 0, "desired": 0, "max": 4}',
+            "gpufleet:spot": "true", "gpufleet:dataClassification": "internal", "gpufleet:budgetMonthlyUsd": "3000"},
+    "phi": {"aws:region": "eu-central-1", "gpufleet:cloud": "aws", "gpufleet:mode": "gang",
+            "gpufleet:instanceTypes": '["p5.48xlarge"]', "gpufleet:nodes": '{"min": 4, "desired": 4, "max": 4}',
+            "gpufleet:spot": "false", "gpufleet:dataClassification": "phi", "gpufleet:budgetMonthlyUsd": "200000"},
+    "azure-phi": {"azure-native:location": "westeurope", "gpufleet:cloud": "azure", "gpufleet:mode": "queue",
+                  "gpufleet:instanceTypes": '["Standard_ND96asr_v4"]',
+                  "gpufleet:nodes": '{"min": 0, "desired": 0, "max": 4}', "gpufleet:spot": "true",
+                  "gpufleet:dataClassification": "phi", "gpufleet:budgetMonthlyUsd": "100000"},
+    "azure": {"azure-native:location": "westeurope", "gpufleet:cloud": "azure", "gpufleet:mode": "queue",
+              "gpufleet:instanceTypes": '["Standard_ND96asr_v4"]', "gpufleet:nodes": '{"min": 0, "desired": 0, "max": 4}',
+              "gpufleet:spot": "true", "gpufleet:dataClassification": "personal", "gpufleet:budgetMonthlyUsd": "100000"},
+}
+
+
+class Stack:
+    """Resources of one stack, registered like the engine records them."""
+
+    def __init__(self, stack: str):
+        self.stack = stack
+        self.resources: list[dict] = []
+        self.root = self.add("pulumi:pulumi:Stack", f"{PROJECT}-{stack}", {}, custom=False)
+
+    def add(self, type_: str, name: str, inputs: dict, *, deps: Optional[dict[str, list[dict]]] = None,
+            parent: Optional[dict] = None, custom: bool = True, provider: Optional[dict] = None) -> dict:
+        parent = parent if parent is not None else (self.root if self.resources else None)
+        qualified = type_
+        if parent is not None and parent["type"] != "pulumi:pulumi:Stack":
+            qualified = f"{parent['urn'].split('::')[2]}${type_}"
+        prop_deps = {k: [r["urn"] for r in v] for k, v in (deps or {}).items()}
+        resource = {
+            "type": type_, "name": name, "urn": f"urn:pulumi:{self.stack}::{PROJECT}::{qualified}::{name}",
+            "parent": parent["urn"] if parent else None, "inputs": inputs, "custom": custom,
+            "id": f"{name}-id" if custom else None,
+            "provider": f"{provider['urn']}::{provider['id']}" if provider else None,
+            "dependencies": sorted({u for urns in prop_deps.values() for u in urns}),
+            "propertyDependencies": prop_deps,
+        }
+        self.resources.append(resource)
+        return resource
+
+    def get(self, name: str) -> dict:
+        return next(r for r in self.resources if r["name"] == name)
+
+    def remove(self, name: str) -> None:
+        self.resources = [r for r in self.resources if r["name"] != name]
+
+
+def tags(classification: str, stack: str) -> dict:
+    return {**TAGS, "data-classification": classification, "gpufleet-stack": stack}
+
+
+def efa_interfaces(cards: int, sg: str) -> list[dict]:
+    """The AWS multi-card layout: ENA primary and EFA-only on card 0, EFA-only on every further card."""
+    if cards == 0:
+        return [{"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "interface", "securityGroups": [sg],
+                 "associatePublicIpAddress": "false", "deleteOnTermination": "true"}]
+    nics = [{"deviceIndex": 0, "networkCardIndex": 0, "interfaceType": "interface", "securityGroups": [sg],
+             "associatePublicIpAddress": "false", "deleteOnTermination": "true"},
+            {"deviceIndex": 1, "networkCardIndex": 0, "interfaceType": "efa-only", "securityGroups": [sg],
+             "deleteOnTermination": "true"}]
+    nics += [{"deviceIndex": 0, "networkCardIndex": c, "interfaceType": "efa-only", "securityGroups": [sg],
+              "deleteOnTermination": "true"} for c in range(1, cards)]
+    return nics
+
+
+def _policy(statements: list[dict]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def tls_policy(bucket: str) -> str:
+    arns = [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]
+    return _policy([
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": arns,
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "DenyTlsBelow12", "Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": arns,
+         "Condition": {"NumericLessThan": {"s3:TlsVersion": "1.2"}}}])
+
+
+def node_policy(bucket: str) -> str:
+    return _policy([
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
+        {"Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"], "Resource": "*"},
+        {"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": "gpufleet/test"}}}])
+
+
+def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
+    t = tags(classification, s.stack)
+    key = s.add("aws:kms/key:Key", "key", {"enableKeyRotation": True, "deletionWindowInDays": 30, "tags": t})
+    bucket = s.add("aws:s3/bucket:Bucket", "data", {"forceDestroy": False, "tags": t})
+    name = f"gpufleet-{s.stack}-data-1a2b3c4"
+    s.add("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "data-sse",
+          {"bucket": name, "rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms",
+                                                                            "kmsMasterKeyId": KEY_ARN},
+                                      "bucketKeyEnabled": True}]},
+          deps={"bucket": [bucket], "rules": [key]})
+    s.add("aws:s3/bucketVersioning:BucketVersioning", "data-versioning",
+          {"bucket": name, "versioningConfiguration": {"status": "Enabled"}}, deps={"bucket": [bucket]})
+    s.add("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "data-pab",
+          {"bucket": name, "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True,
+           "restrictPublicBuckets": True}, deps={"bucket": [bucket]})
+    s.add("aws:s3/bucketPolicy:BucketPolicy", "data-policy", {"bucket": name, "policy": tls_policy(name)},
+          deps={"bucket": [bucket], "policy": [bucket]})
+    if classification == "phi":
+        _access_logs(s, bucket, name, t)
+    s.add("aws:sqs/queue:Queue", "jobs", {"kmsMasterKeyId": KEY_ARN, "visibilityTimeoutSeconds": 900, "tags": t},
+          deps={"kmsMasterKeyId": [key]})
+    s.add("aws:cloudwatch/logGroup:LogGroup", "logs", {"name": f"/gpufleet/{s.stack}", "kmsKeyId": KEY_ARN,
+                                                       "retentionInDays": 365, "tags": t}, deps={"kmsKeyId": [key]})
+    vpc = s.add("aws:ec2/vpc:Vpc", "vpc", {"cidrBlock": "10.42.0.0/16", "enableDnsHostnames": True, "tags": t})
+    subnet = s.add("aws:ec2/subnet:Subnet", "private-0", {"vpcId": "vpc-0a1b2c3d4e5f60718", "cidrBlock": "10.42.0.0/19",
+                                                         "mapPublicIpOnLaunch": False, "tags": t},
+                   deps={"vpcId": [vpc]})
+    s.add("aws:ec2/flowLog:FlowLog", "flow", {"vpcId": "vpc-0a1b2c3d4e5f60718", "trafficType": "ALL",
+                                              "logDestinationType": "cloud-watch-logs", "tags": t},
+          deps={"vpcId": [vpc]})
+    sg = s.add("aws:ec2/securityGroup:SecurityGroup", "nodes-sg", {"vpcId": "vpc-0a1b2c3d4e5f60718",
+                                                                "description": "GPU nodes", "tags": t},
+               deps={"vpcId": [vpc]})
+    for direction, kind in (("ingress", "Ingress"), ("egress", "Egress")):
+        s.add(f"aws:vpc/securityGroup{kind}Rule:SecurityGroup{kind}Rule", f"nodes-sg-{direction}-self",
+              {"ipProtocol": "-1", "securityGroupId": "sg-51b340616cd3da298",
+               "referencedSecurityGroupId": "sg-51b340616cd3da298", "tags": t},
+              deps={"securityGroupId": [sg], "referencedSecurityGroupId": [sg]})
+    s.add("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", "nodes-sg-egress-https",
+          {"ipProtocol": "tcp", "fromPort": 443, "toPort": 443, "cidrIpv4": "0.0.0.0/0",
+           "securityGroupId": "sg-51b340616cd3da298", "tags": t}, deps={"securityGroupId": [sg]})
+    role = s.add("aws:iam/role:Role", "node-role", {"assumeRolePolicy": _policy([
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
+    s.add("aws:iam/rolePolicy:RolePolicy", "node-policy", {"role": "node-1a2b", "policy": node_policy(name)},
+          deps={"role": [role], "policy": [bucket]})
+    s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-ssm",
+          {"role": "node-1a2b", "policyArn": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"},
+          deps={"role": [role]})
+    return {"key": key, "bucket": bucket, "vpc": vpc, "subnet": subnet, "sg": sg, "role": role}
+
+
+def _access_logs(s: Stack, bucket: dict, name: str, t: dict) -> None:
+    """A log bucket (SSE-S3, as S3 access-log delivery requires) receiving the data bucket's access logs."""
+    logs = s.add("aws:s3/bucket:Bucket", "access-logs", {"forceDestroy": False, "tags": t})
+    log_name = f"gpufleet-{s.stack}-access-logs-5d6e7f8"
+    s.add("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "access-logs-sse",
+          {"bucket": log_name, "rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
+          deps={"bucket": [logs]})
+    s.add("aws:s3/bucketVersioning:BucketVersioning", "access-logs-versioning",
+          {"bucket": log_name, "versioningConfiguration": {"status": "Enabled"}}, deps={"bucket": [logs]})
+    s.add("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "access-logs-pab",
+          {"bucket": log_name, "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True,
+           "restrictPublicBuckets": True}, deps={"bucket": [logs]})
+    s.add("aws:s3/bucketPolicy:BucketPolicy", "access-logs-policy", {"bucket": log_name, "policy": tls_policy(log_name)},
+          deps={"bucket": [logs], "policy": [logs]})
+    s.add("aws:s3/bucketLogging:BucketLogging", "data-logging",
+          {"bucket": name, "targetBucket": log_name, "targetPrefix": "data/"},
+          deps={"bucket": [bucket], "targetBucket": [logs]})
+
+
+def _template(s: Stack, sg: dict, cards: int, instance_type: Optional[str], classification: str, spot: bool) -> dict:
+    inputs: dict[str, Any] = {
+        "imageId": "ami-0a1b2c3d4e5f60718",
+        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1},
+        "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"volumeSize": 200, "volumeType": "gp3",
+                                                                    "encrypted": "true", "kmsKeyId": KEY_ARN,
+                                                                    "deleteOnTermination": "true"}}],
+        "networkInterfaces": efa_interfaces(cards, "sg-51b340616cd3da298"),
+        "tagSpecifications": [{"resourceType": "instance", "tags": tags(classification, s.stack)}],
+        "tags": tags(classification, s.stack),
+    }
+    if instance_type:
+        inputs["instanceType"] = instance_type
+    if spot:
+        inputs["instanceMarketOptions"] = {"marketType": "spot"}
+    return s.add("aws:ec2/launchTemplate:LaunchTemplate", "node", inputs, deps={"networkInterfaces": [sg]})
+
+
+def _asg_tags(classification: str, stack: str) -> list[dict]:
+    return [{"key": k, "value": v, "propagateAtLaunch": True} for k, v in tags(classification, stack).items()]
+
+
+def aws_gang(stack: str = "prod", classification: str = "personal", instance_type: str = "p5.48xlarge",
+             nodes: int = 4, efa_cards: int = 32) -> Stack:
+    """A multi-node EFA gang stack: one cluster placement group, one subnet, on-demand."""
+    s = Stack(stack)
+    c = _aws_common(s, classification)
+    lt = _template(s, c["sg"], efa_cards, None, classification, spot=False)
+    pg = s.add("aws:ec2/placementGroup:PlacementGroup", "cluster", {"strategy": "cluster",
+                                                                    "tags": tags(classification, stack)})
+    s.add("aws:autoscaling/group:Group", "nodes", {
+        "minSize": nodes, "maxSize": nodes, "desiredCapacity": nodes, "capacityRebalance": False,
+        "placementGroup": "gpufleet-cluster-48b1b03", "vpcZoneIdentifiers": ["subnet-9ed9e5720457e2e00"],
+        "mixedInstancesPolicy": {
+            "instancesDistribution": {"onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 100},
+            "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-9afbf080c7dd4dd7f",
+                                                               "version": "1"},
+                               "overrides": [{"instanceType": instance_type}]}},
+        "initialLifecycleHooks": [{"name": "checkpoint", "lifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+                                   "heartbeatTimeout": 600, "defaultResult": "CONTINUE"}],
+        "tags": _asg_tags(classification, stack),
+    }, deps={"mixedInstancesPolicy": [lt], "placementGroup": [pg], "vpcZoneIdentifiers": [c["subnet"]]})
+    return s
+
+
+def aws_queue(stack: str = "dev", classification: str = "internal") -> Stack:
+    """A queue-mode spot stack on single-GPU types without EFA that scales to zero."""
+    s = Stack(stack)
+    c = _aws_common(s, classification)
+    lt = _template(s, c["sg"], 0, "g6.xlarge", classification, spot=False)
+    s.add("aws:autoscaling/group:Group", "nodes", {
+        "minSize": 0, "maxSize": 4, "desiredCapacity": 0, "capacityRebalance": True,
+        "vpcZoneIdentifiers": ["subnet-1", "subnet-2", "subnet-3"],
+        "mixedInstancesPolicy": {
+            "instancesDistribution": {"onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 0,
+                                      "spotAllocationStrategy": "price-capacity-optimized"},
+            "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-1", "version": "1"},
+                               "overrides": [{"instanceType": "g6.xlarge"}, {"instanceType": "g5.xlarge"}]}},
+        "tags": _asg_tags(classification, stack),
+    }, deps={"mixedInstancesPolicy": [lt], "vpcZoneIdentifiers": [c["subnet"]]})
+    s.add("aws:autoscaling/lifecycleHook:LifecycleHook", "checkpoint", {
+        "autoscalingGroupName": "gpufleet-dev-nodes", "lifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+        "heartbeatTimeout": 600, "defaultResult": "CONTINUE"}, deps={"autoscalingGroupName": [s.get("nodes")]})
+    return s
+
+
+def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack:
+    """An InfiniBand scale set behind an autoscale setting that reaches zero, with locked-down storage."""
+    s = Stack(stack)
+    t = tags(classification, stack)
+    rg = s.add("azure-native:resources:ResourceGroup", "rg", {"location": "westeurope", "tags": t})
+    s.add("azure-native:storage:StorageAccount", "data", {
+        "resourceGroupName": "gpufleet-azure-rg", "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
+        "enableHttpsTrafficOnly": True, "minimumTlsVersion": "TLS1_2", "allowBlobPublicAccess": False,
+        "allowSharedKeyAccess": False, "publicNetworkAccess": "Enabled",
+        "networkRuleSet": {"defaultAction": "Deny", "bypass": "AzureServices",
+                           "virtualNetworkRules": [{"virtualNetworkResourceId": "/subscriptions/x/subnets/nodes"}]},
+        **({"encryption": {"keySource": "Microsoft.Keyvault", "keyVaultProperties": {
+            "keyName": "gpufleet", "keyVaultUri": "https://gpufleet-kv.vault.azure.net/"}}}
+           if classification == "phi" else {}),
+        "tags": t}, deps={"resourceGroupName": [rg]})
+    s.add("azure-native:storage:BlobContainer", "checkpoints", {"accountName": "gpufleetazuredata",
+                                                                 "resourceGroupName": "gpufleet-azure-rg",
+                                                                 "publicAccess": "None"})
+    s.add("azure-native:network:NetworkSecurityGroup", "nodes-nsg", {
+        "resourceGroupName": "gpufleet-azure-rg", "tags": t,
+        "securityRules": [{"name": "vnet-in", "direction": "Inbound", "access": "Allow", "priority": 100,
+                           "protocol": "*", "sourceAddressPrefix": "VirtualNetwork", "sourcePortRange": "*",
+                           "destinationAddressPrefix": "VirtualNetwork", "destinationPortRange": "*"},
+                          {"name": "deny-internet", "direction": "Inbound", "access": "Deny", "priority": 4000,
+                           "protocol": "*", "sourceAddressPrefix": "Internet", "sourcePortRange": "*",
+                           "destinationAddressPrefix": "*", "destinationPortRange": "*"}]})
+    vmss = s.add("azure-native:compute:VirtualMachineScaleSet", "nodes", {
+        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope", "tags": t,
+        "sku": {"name": "Standard_ND96asr_v4", "tier": "Standard", "capacity": 0},
+        "orchestrationMode": "Uniform", "singlePlacementGroup": True, "platformFaultDomainCount": 1,
+        "overprovision": False, "upgradePolicy": {"mode": "Manual"},
+        "virtualMachineProfile": {
+            "priority": "Spot", "evictionPolicy": "Delete",
+            "osProfile": {"computerNamePrefix": "gpu", "adminUsername": "azureuser",
+                          "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                              {"path": "/home/azureuser/.ssh/authorized_keys",
+                               "keyData": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"}]}}},
+            "securityProfile": {"encryptionAtHost": True},
+        }}, deps={"resourceGroupName": [rg]})
+    s.add("azure-native:monitor:AutoscaleSetting", "nodes-autoscale", {
+        "resourceGroupName": "gpufleet-azure-rg", "enabled": True, "targetResourceUri": "/subscriptions/x/vmss/nodes",
+        "profiles": [{"name": "queue", "capacity": {"minimum": "0", "maximum": "4", "default": "0"}, "rules": []}],
+        "tags": t}, deps={"targetResourceUri": [vmss]})
+    return s
