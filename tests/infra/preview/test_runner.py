@@ -119,6 +119,8 @@ def test_output_secrets_are_masked_in_inputs_and_outputs():
 
 
 def test_previews_in_one_process_are_isolated_and_deterministic(dev):
+    # Other tests in this process may have set Pulumi's global context: it must come back unchanged.
+    before = (settings.get_root_resource(), dict(runtime_config.CONFIG.get()), settings.get_stack())
     raw, secrets = stack_raw("prod")
     prod = runner.preview(raw, secrets, "prod", program=fake_program.main)
     assert {r["urn"].split("::")[0] for r in prod["resources"]} == {"urn:pulumi:prod"}
@@ -130,9 +132,7 @@ def test_previews_in_one_process_are_isolated_and_deterministic(dev):
     again = runner.preview(raw, secrets, "dev", program=fake_program.main)
     assert again == dev
     # Nothing leaks into the caller's Pulumi context.
-    assert settings.get_root_resource() is None
-    assert runtime_config.CONFIG.get() == {}
-    assert settings.get_stack() == "stack"
+    assert (settings.get_root_resource(), runtime_config.CONFIG.get(), settings.get_stack()) == before
 
 
 def test_program_failures_are_one_line_with_location():
