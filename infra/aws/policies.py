@@ -141,7 +141,7 @@ def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log
          "Resource": queue_arn},
         {"Sid": "LifecycleAndProtection", "Effect": "Allow",
          "Action": ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
-                    "autoscaling:SetInstanceProtection"],
+                    "autoscaling:SetInstanceProtection", "autoscaling:SetInstanceHealth"],
          "Resource": asg_arn},
         {"Sid": "ShipLogs", "Effect": "Allow",
          "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],

@@ -114,3 +114,33 @@ def test_flow_log_delivery_writes_only_into_its_log_group():
 @pytest.mark.parametrize("region,part", [("eu-west-1", "aws"), ("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")])
 def test_partition(region, part):
     assert policies.partition(region) == part
+
+
+# Every AWS call the node-side trainer makes (agent, preflight, rendezvous, checkpoints), as an IAM action.
+TRAINER_CALLS = {
+    "receive_message": "sqs:ReceiveMessage", "delete_message": "sqs:DeleteMessage",
+    "change_message_visibility": "sqs:ChangeMessageVisibility",
+    "set_instance_protection": "autoscaling:SetInstanceProtection",
+    "complete_lifecycle_action": "autoscaling:CompleteLifecycleAction",
+    "set_instance_health": "autoscaling:SetInstanceHealth",
+    "describe_auto_scaling_instances": "autoscaling:DescribeAutoScalingInstances",
+    "describe_auto_scaling_groups": "autoscaling:DescribeAutoScalingGroups",
+    "describe_instances": "ec2:DescribeInstances",
+    "get_object": "s3:GetObject", "head_object": "s3:GetObject", "download_fileobj": "s3:GetObject",
+    "upload_fileobj": "s3:PutObject", "upload_file": "s3:PutObject", "delete_object": "s3:DeleteObject",
+    "list_objects_v2": "s3:ListBucket",
+}
+
+
+def test_node_policy_allows_every_call_the_trainer_makes():
+    import re
+    from pathlib import Path
+
+    source = "\n".join(p.read_text() for p in (Path(__file__).parents[3] / "trainer").glob("*.py")
+                       if not p.name.startswith("azure_"))
+    called = {m for m in TRAINER_CALLS if re.search(rf"[.\"']{m}\b", source)}
+    assert {"receive_message", "set_instance_health", "complete_lifecycle_action"} <= called
+    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    allowed = {a for st in doc["Statement"] if st["Effect"] == "Allow"
+               for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+    assert {TRAINER_CALLS[m] for m in called} <= allowed
