@@ -1,0 +1,193 @@
+"""Trainer benchmarks, each a ratio measured within one run.
+
+- trainer_overhead_ratio: time of a whole `train` run (metrics file, progress lines, checkpoints at the
+  default interval and at the end) over a bare PyTorch loop with the same model, data, batch,
+  precision, optimizer, clipping and LR schedule, for the same number of steps; the median ratio of
+  REPEATS back-to-back pairs (alternating which goes first), so slow drifts in machine load cancel.
+  On CPU both run on one thread and are timed in process CPU time, which other tenants of a shared
+  machine disturb far less than wall time; on a GPU, wall time.
+- checkpoint_s3_save_ratio / checkpoint_s3_load_ratio: throughput of a checkpoint save (serialize,
+  checksum, upload parts, commit manifest, prune) and of a load (list, read manifest, download, verify,
+  deserialize) against a moto server on loopback, over raw boto3 upload_fileobj / download_fileobj of
+  the same bytes (default TransferConfig); the median ratio of S3_REPEATS back-to-back rounds.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from trainer.checkpoint import Checkpointer, from_bytes, to_bytes  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.data import build_dataset  # noqa: E402
+from trainer.model import build_gpt  # noqa: E402
+from trainer.storage import open_store  # noqa: E402
+from trainer.train import lr_factor, train  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device `train` picks
+STEPS = 520  # past the default checkpoint interval (500), so one periodic and the final checkpoint are in
+MODEL, BATCH = "gpt-tiny", 64
+REPEATS = 5
+S3_REPEATS = 5
+
+
+def clock() -> float:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def bare_loop(steps: int) -> float:
+    """nanoGPT-style loop: the same model, data, batch, optimizer, clipping and LR schedule; nothing else."""
+    started = clock()
+    torch.manual_seed(0)
+    model = build_gpt(MODEL).to(DEVICE)
+    dataset = build_dataset(TrainConfig(model=MODEL), model)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, drop_last=True)
+    defaults = TrainConfig()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=defaults.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, defaults.warmup_steps, steps))
+    batches = iter(loader)
+    for _ in range(steps):
+        x, y = (t.to(DEVICE) for t in next(batches))
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), defaults.clip_grad)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+    return clock() - started
+
+
+def trainer_run(steps: int, workdir: Path) -> float:
+    cfg = TrainConfig(steps=steps, batch_size=BATCH, model=MODEL, checkpoint_uri=str(workdir / "ck"),
+                      metrics_file=str(workdir / "metrics.jsonl"))
+    started = clock()
+    with open(workdir / "progress.log", "w") as log, contextlib.redirect_stderr(log):
+        assert train(cfg) == 0
+    return clock() - started
+
+
+def overhead() -> float:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bare, ours = [], []
+        for i in range(REPEATS):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs = [lambda: bare.append(bare_loop(STEPS)), lambda: ours.append(trainer_run(STEPS, Path(tmp)))]
+                for measure in runs[:: 1 if i % 2 == 0 else -1]:  # alternate which goes first
+                    measure()
+        return statistics.median(o / b for o, b in zip(ours, bare))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def moto_server():
+    """`moto_server` on a free loopback port, in its own process; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto server did not start")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def checkpoint_state() -> dict[str, object]:
+    """A real checkpoint's content: gpt-base weights and AdamW state after one step (about 130 MB)."""
+    torch.manual_seed(0)
+    model = build_gpt("gpt-base")
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 256, (2, 16))
+    model(x, x).backward()
+    optimizer.step()
+    return {"model.pt": model.state_dict(), "optim.pt": {"optimizer": optimizer.state_dict()}}
+
+
+def s3_ratios() -> tuple[float, float]:
+    import boto3
+
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1"}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
+    state = checkpoint_state()
+    try:
+        with moto_server() as url:
+            os.environ.update(env, AWS_ENDPOINT_URL=url)
+            s3 = boto3.client("s3")
+            s3.create_bucket(Bucket="bench", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            checkpoints = Checkpointer(open_store("s3://bench/ours"), keep=1)
+            blobs = {name: to_bytes(obj) for name, obj in state.items()}
+            raw_save, raw_load, save, load = [], [], [], []
+            for step in range(1, S3_REPEATS + 1):
+                started = time.perf_counter()
+                for name, data in blobs.items():
+                    s3.upload_fileobj(io.BytesIO(data), "bench", f"raw/{name}")
+                raw_save.append(time.perf_counter() - started)
+
+                started = time.perf_counter()
+                checkpoints.save(step, state)
+                save.append(time.perf_counter() - started)
+
+                started = time.perf_counter()
+                for name in blobs:
+                    s3.download_fileobj("bench", f"raw/{name}", io.BytesIO())
+                raw_load.append(time.perf_counter() - started)
+
+                started = time.perf_counter()
+                _, parts = checkpoints.load_latest()
+                loaded = {name: from_bytes(data) for name, data in parts.items()}
+                load.append(time.perf_counter() - started)
+                assert torch.equal(loaded["model.pt"]["tok.weight"], state["model.pt"]["tok.weight"])
+            return (statistics.median(r / o for r, o in zip(raw_save, save)),
+                    statistics.median(r / o for r, o in zip(raw_load, load)))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run() -> dict[str, dict]:
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no metadata service to poll here
+    save, load = s3_ratios()
+    return {
+        "trainer_overhead_ratio": {"value": overhead(), "unit": "ratio", "target": "<= 1.03"},
+        "checkpoint_s3_save_ratio": {"value": save, "unit": "ratio", "target": ">= 0.9"},
+        "checkpoint_s3_load_ratio": {"value": load, "unit": "ratio", "target": ">= 0.9"},
+    }
+
+
+if __name__ == "__main__":
+    for name, fig in run().items():
+        print(f"{name:32} {fig['value']:.4g} {fig['unit']} target {fig['target']}")

@@ -1,0 +1,6 @@
+"""gpufleet trainer: `python -m trainer train|agent|preflight|submit`."""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped after a safe checkpoint; rerun with the same --checkpoint-uri resumes

@@ -1,0 +1,196 @@
+"""`train` flags and config file -> one frozen TrainConfig.
+
+Precedence: defaults < config file (--config FILE, a JSON object keyed by flag name, dashes or
+underscores) < flags. Every value is checked here; a bad one raises UsageError naming the flag or
+key, the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from trainer.errors import UsageError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    grad_accum: int = 1
+    precision: str = "fp32"
+    checkpoint_uri: str = "checkpoints"
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    seed: int = 0
+    metrics_file: str | None = None
+    lr: float = 3e-4
+    warmup_steps: int = 100
+    clip_grad: float = 1.0
+    num_workers: int | None = None  # None: 0 on CPU, up to 4 per GPU process
+    pin_memory: bool | None = None  # None: on when training on a GPU
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    model: str = "gpt-small"
+    dataset: str = "text"
+    dropout: float = 0.0
+    profile_steps: int = 0
+    profile_dir: str = "profile"
+    log_every: int = 10
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, str):
+            value = int(value.strip())
+        if not isinstance(value, int) or value < minimum:
+            raise ValueError
+        return value
+
+    convert.allowed = f"an integer >= {minimum}"
+    return convert
+
+
+def _float(minimum: float, *, open_min: bool = False, maximum: float | None = None) -> Callable[[Any], float]:
+    def convert(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError
+        value = float(value)
+        if value != value or value < minimum or (open_min and value == minimum) or (maximum and value >= maximum):
+            raise ValueError
+        return value
+
+    low = f"> {minimum}" if open_min else f">= {minimum}"
+    convert.allowed = f"a number {low}" + (f" and < {maximum}" if maximum else "")
+    return convert
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value not in choices:
+            raise ValueError
+        return value
+
+    convert.allowed = "one of " + ", ".join(choices)
+    return convert
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError
+    return value
+
+
+_text.allowed = "a non-empty string"
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError
+
+
+_bool.allowed = "true or false"
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def optional(value: Any) -> Any:
+        return None if value is None else convert(value)
+
+    optional.allowed = convert.allowed + " (or null)"
+    return optional
+
+
+# field -> (converter, help). Booleans become --flag/--no-flag.
+FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "steps": (_int(1), "optimizer steps in the whole run"),
+    "batch_size": (_int(1), "samples per micro-batch on each rank"),
+    "grad_accum": (_int(1), "micro-batches per optimizer step"),
+    "precision": (_choice(*PRECISIONS), "autocast precision; bf16 falls back to fp16 + GradScaler where missing"),
+    "checkpoint_uri": (_text, "checkpoint location: a path or s3://bucket/prefix; the run resumes from it"),
+    "checkpoint_every": (_int(0), "save every N steps (0: only at the end and on a stop)"),
+    "keep_checkpoints": (_int(1), "checkpoints kept"),
+    "seed": (_int(0), "random seed"),
+    "metrics_file": (_optional(_text), "JSON-lines file, one record per optimizer step (rank 0)"),
+    "lr": (_float(0.0, open_min=True), "peak learning rate"),
+    "warmup_steps": (_int(0), "linear warmup steps before the cosine decay"),
+    "clip_grad": (_float(0.0), "max gradient norm (0: no clipping)"),
+    "num_workers": (_optional(_int(0)), "DataLoader worker processes per rank"),
+    "pin_memory": (_optional(_bool), "pin host batches (default: on with a GPU)"),
+    "prefetch_factor": (_int(1), "batches prefetched per worker"),
+    "persistent_workers": (_bool, "keep DataLoader workers across epochs"),
+    "model": (_text, "built-in model (gpt-tiny, gpt-small, gpt-base) or module:factory"),
+    "dataset": (_text, "text (Python's standard-library sources), synthetic, or module:factory"),
+    "dropout": (_float(0.0, maximum=1.0), "dropout probability of the built-in model"),
+    "profile_steps": (_int(0), "write a torch.profiler trace of N steps to --profile-dir"),
+    "profile_dir": (_text, "directory for profiler traces"),
+    "log_every": (_int(1), "progress line every N steps when stderr is not a terminal"),
+}
+BOOLEAN_FIELDS = ("pin_memory", "persistent_workers")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit; we want one line
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m trainer train", description="Train a model; resumes from --checkpoint-uri.")
+    parser.add_argument("--config", metavar="FILE", help="JSON file of flag values (flags win)")
+    for name, (convert, help_text) in FIELDS.items():
+        default = getattr(TrainConfig, name)
+        if name in BOOLEAN_FIELDS:
+            parser.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None,
+                                help=f"{help_text} (default: {default})")
+        else:
+            parser.add_argument(_flag(name), default=None, metavar=name.upper(),
+                                help=f"{help_text} (default: {default})")
+    return parser
+
+
+def _check(where: str, name: str, value: Any) -> Any:
+    convert = FIELDS[name][0]
+    try:
+        return convert(value)
+    except (ValueError, TypeError):
+        raise UsageError(f"{where}: {value!r} is not allowed; expected {convert.allowed}") from None
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The checked values of a JSON config file, keyed by field name."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config {path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"--config {path}: expected a JSON object of flag values, got {type(raw).__name__}")
+    values = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise UsageError(f"--config {path}: unknown key {key!r}; allowed: {', '.join(FIELDS)}")
+        values[name] = _check(f"--config {path}: key {key!r}", name, value)
+    return values
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    """Flags (and the config file they name) -> TrainConfig; raises UsageError."""
+    args = build_parser().parse_args(argv)
+    values = read_config_file(args.config) if args.config else {}
+    for name in FIELDS:
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = _check(_flag(name), name, value)
+    return TrainConfig(**values)

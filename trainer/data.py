@@ -1,0 +1,163 @@
+"""Models and datasets by name, and the per-rank batch stream with a resumable position.
+
+Built in: `text`, the bytes of Python's standard-library sources (present on every machine, no
+download), cut into model-context-sized chunks; `synthetic`, random bytes of the same shape, for
+speed tests. `--model module:factory` names `factory() -> nn.Module` whose `forward(*batch)` returns
+the scalar loss; `--dataset module:factory` names `factory(model) -> Dataset` of such batches.
+Datasets should be deterministic per index: exact resume replays indices, not worker RNG.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from trainer.config import TrainConfig
+from trainer.errors import UsageError
+from trainer.model import PRESETS, build_gpt
+
+CORPUS_BYTES = 4 * 1024 * 1024
+SYNTHETIC_SAMPLES = 8192
+
+
+def stdlib_sources(max_bytes: int = CORPUS_BYTES) -> bytes:
+    """The first max_bytes of the standard library's .py files, in sorted path order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = bytearray()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                out += Path(dirpath, name).read_bytes()
+                if len(out) >= max_bytes:
+                    return bytes(out[:max_bytes])
+    if not out:
+        raise RuntimeError(f"no Python sources under {root}")
+    return bytes(out)
+
+
+class ByteChunks(Dataset):
+    """Consecutive, non-overlapping chunks of a uint8 tensor: item i is (bytes, the same shifted by one)."""
+
+    def __init__(self, data: torch.Tensor, block_size: int) -> None:
+        self.data = data
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.block_size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i * self.block_size: (i + 1) * self.block_size + 1].long()
+        return chunk[:-1], chunk[1:]
+
+
+def load_factory(flag: str, spec: str):
+    """The callable named by `module:attribute`."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"{flag}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+
+
+def build_model(cfg: TrainConfig) -> torch.nn.Module:
+    if cfg.model in PRESETS:
+        return build_gpt(cfg.model, cfg.dropout)
+    if ":" in cfg.model:
+        return load_factory("--model", cfg.model)()
+    raise UsageError(f"--model: {cfg.model!r} is not allowed; expected one of {', '.join(PRESETS)} or module:factory")
+
+
+def build_dataset(cfg: TrainConfig, model: torch.nn.Module) -> Dataset:
+    if ":" in cfg.dataset:
+        return load_factory("--dataset", cfg.dataset)(model)
+    if cfg.dataset not in ("text", "synthetic"):
+        raise UsageError(f"--dataset: {cfg.dataset!r} is not allowed; expected text, synthetic or module:factory")
+    block_size = getattr(model, "block_size", None)
+    if not isinstance(block_size, int):
+        raise UsageError(f"--dataset {cfg.dataset}: the model has no integer block_size attribute")
+    if cfg.dataset == "text":
+        return ByteChunks(torch.frombuffer(bytearray(stdlib_sources()), dtype=torch.uint8), block_size)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    data = torch.randint(0, 256, (SYNTHETIC_SAMPLES * block_size + 1,), dtype=torch.uint8, generator=gen)
+    return ByteChunks(data, block_size)
+
+
+class EpochSampler(DistributedSampler):
+    """DistributedSampler limited to whole optimizer steps per epoch and able to start mid-epoch.
+
+    Rank r takes positions r, r+W, r+2W, ... of the epoch's permutation, so the ranks' batches at a
+    step together hold exactly the samples one rank with a W-times larger batch would take.
+    """
+
+    def __init__(self, dataset: Dataset, world: int, rank: int, seed: int, per_rank: int) -> None:
+        super().__init__(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.per_rank = per_rank
+        self.start = 0
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.start, self.per_rank)
+
+    def __len__(self) -> int:
+        return self.per_rank - self.start
+
+
+class DataStream:
+    """Endless micro-batches for one rank. Position: (epoch, samples the whole job took in that epoch)."""
+
+    def __init__(self, dataset: Dataset, cfg: TrainConfig, rank: int, world: int, device: torch.device) -> None:
+        global_batch = cfg.batch_size * cfg.grad_accum * world
+        self.steps_per_epoch = len(dataset) // global_batch
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"--batch-size: a global batch of {global_batch} samples (batch {cfg.batch_size} x grad-accum "
+                f"{cfg.grad_accum} x {world} ranks) exceeds the dataset's {len(dataset)} samples"
+            )
+        self.world = world
+        self.batch_size = cfg.batch_size
+        per_rank = self.steps_per_epoch * cfg.grad_accum * cfg.batch_size
+        self.sampler = EpochSampler(dataset, world, rank, cfg.seed, per_rank)
+        workers = cfg.num_workers if cfg.num_workers is not None else default_workers(device)
+        pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+        self.loader = DataLoader(
+            dataset, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=workers, pin_memory=pin,
+            prefetch_factor=cfg.prefetch_factor if workers else None,
+            persistent_workers=cfg.persistent_workers and workers > 0,
+            generator=torch.Generator().manual_seed(cfg.seed),  # keeps the loader off the global RNG
+        )
+        self.epoch = 0
+        self.taken = 0  # samples taken by the whole job in this epoch
+        self._it = None
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "samples": self.taken}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.taken = state["epoch"], state["samples"]
+        self._it = None
+
+    def next(self):
+        if self._it is None:
+            self.sampler.set_epoch(self.epoch)
+            self.sampler.start = self.taken // self.world
+            self._it = iter(self.loader)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch, self.taken, self._it = self.epoch + 1, 0, None
+            return self.next()
+        self.taken += self.batch_size * self.world
+        return batch
+
+
+def default_workers(device: torch.device) -> int:
+    """0 on CPU (the cores train); on a GPU up to 4 per local process, leaving one core spare."""
+    if device.type != "cuda":
+        return 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(0, min(4, (os.cpu_count() or 1) // local - 1))

@@ -1,0 +1,62 @@
+"""Graceful stop: a thread-safe notice, signal handlers that set it, and the per-step agreement of all ranks."""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+class StopNotice:
+    """Set once by a signal handler or a watcher thread; read by the training loop."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+def install_signal_handlers(notice: StopNotice) -> Callable[[], None]:
+    """SIGTERM and SIGINT set the notice (a second SIGINT interrupts at once). Returns a restore function.
+
+    Only the main thread may install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handle(signum, frame):
+        if signum == signal.SIGINT and notice.is_set():
+            raise KeyboardInterrupt
+        notice.set(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def agree(loss: torch.Tensor, notice: StopNotice) -> torch.Tensor:
+    """One collective per optimizer step: returns [loss summed over ranks, number of ranks asked to stop].
+
+    The all-reduce is queued, not waited for: the caller reads the result a step later, so the
+    device never idles for it. All ranks read the same numbers and so stop after the same step.
+    """
+    flag = loss.new_ones((), dtype=torch.float32) if notice.is_set() else loss.new_zeros((), dtype=torch.float32)
+    stats = torch.stack([loss.detach().float(), flag])  # made on the device: no host-to-device copy
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+    return stats

@@ -1,0 +1,329 @@
+"""The training loop behind `python -m trainer train`.
+
+Read top to bottom: set up (ranks, model, data, optimizer), resume from the newest valid checkpoint,
+run optimizer steps (autocast, accumulation with DDP no_sync, clipping, warmup + cosine LR), agree
+across ranks once per step whether to stop, and checkpoint periodically, at the end and on a stop.
+Returns the exit status: 0 done, 75 stopped after a checkpoint of the stop step.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer import EXIT_OK, EXIT_PREEMPTED
+from trainer.checkpoint import Checkpointer, from_bytes, to_bytes
+from trainer.config import TrainConfig
+from trainer.data import DataStream, build_dataset, build_model
+from trainer.metrics import MetricsFile, Progress
+from trainer.notices import start_watchers
+from trainer.stop import StopNotice, agree, install_signal_handlers
+from trainer.storage import open_store
+
+log = logging.getLogger("trainer")
+NODE_JSON = "/etc/gpufleet/node.json"
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def setup_ranks() -> Ranks:
+    """One process per device; under torchrun, join the process group (NCCL on GPUs, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Ranks(rank, world, local_rank, device)
+
+
+def precision_plan(precision: str, device_type: str, bf16_supported: bool) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None for fp32, whether to use a GradScaler)."""
+    if precision == "fp32":
+        return None, False
+    if precision == "bf16" and (device_type == "cpu" or bf16_supported):
+        return torch.bfloat16, False
+    return torch.float16, True
+
+
+def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Multiplier of the peak LR for 0-based step: linear warmup, then cosine decay to `floor`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only; fused kernels on GPU."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def all_gather_bytes(data: bytes, ranks: Ranks) -> list[bytes]:
+    """Every rank's bytes, on every rank (tensor collectives only: no pickling through numpy)."""
+    if ranks.world == 1:
+        return [data]
+    size = torch.tensor([len(data)], device=ranks.device)
+    sizes = [torch.zeros_like(size) for _ in range(ranks.world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=ranks.device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(ranks.world)]
+    dist.all_gather(gathered, mine)
+    return [bytes(t[: int(s.item())].tolist()) for t, s in zip(gathered, sizes)]
+
+
+@dataclass
+class Trainer:
+    """What a checkpoint holds and the loop updates."""
+
+    cfg: TrainConfig
+    ranks: Ranks
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    data: DataStream
+    checkpoints: Checkpointer
+
+    def save(self, step: int) -> None:
+        """All ranks' RNG states are gathered; rank 0 writes the checkpoint; every rank waits for the commit."""
+        rngs = [from_bytes(b) for b in all_gather_bytes(to_bytes(rng_state(self.ranks.device)), self.ranks)]
+        if self.ranks.rank == 0:
+            started = time.perf_counter()
+            self.checkpoints.save(step, {
+                "model.pt": self.model.state_dict(),
+                "optim.pt": {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                             "scaler": self.scaler.state_dict()},
+                "trainer.pt": {"step": step, "data": self.data.state(), "rng": rngs, "world": self.ranks.world,
+                               "config": dataclasses.asdict(self.cfg)},
+            })
+            log.info("checkpoint of step %d saved in %.2fs", step, time.perf_counter() - started)
+        if self.ranks.world > 1:
+            dist.barrier()
+
+    def resume(self) -> tuple[int, dict | None]:
+        """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state)."""
+        found = self.checkpoints.load_latest() if self.ranks.rank == 0 else None
+        step = found[0] if found else None
+        if self.ranks.world > 1:
+            box = torch.tensor([-1 if step is None else step], device=self.ranks.device)
+            dist.broadcast(box, src=0)
+            step = None if box.item() < 0 else box.item()
+            if step is not None and self.ranks.rank != 0:
+                found = (step, self.checkpoints.load(step))
+        if step is None:
+            return 0, None
+        parts = {name: from_bytes(data) for name, data in found[1].items()}
+        self.model.load_state_dict(parts["model.pt"])
+        optim = parts["optim.pt"]
+        self.optimizer.load_state_dict(optim["optimizer"])
+        self.scheduler.load_state_dict(optim["scheduler"])
+        if self.scaler.is_enabled() and optim["scaler"]:
+            self.scaler.load_state_dict(optim["scaler"])
+        state = parts["trainer.pt"]
+        self.data.load_state(state["data"])
+        log.info("resuming from the checkpoint of step %d at %s", step, self.checkpoints.store.uri)
+        if state["world"] != self.ranks.world:
+            log.warning("checkpoint written by %d ranks, now %d: RNG streams restart", state["world"], self.ranks.world)
+            return state["step"], None
+        return state["step"], state["rng"][self.ranks.rank]
+
+
+@dataclass
+class StepResult:
+    """One optimizer step whose all-reduced stats are read a step later, so the device never waits for them."""
+
+    step: int
+    stats: torch.Tensor
+    lr: float
+    data_wait_s: float
+    time_s: float
+
+
+def node_settings() -> dict:
+    try:
+        return json.loads(Path(NODE_JSON).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def train(cfg: TrainConfig, notice: StopNotice | None = None) -> int:
+    notice = notice or StopNotice()
+    restore_signals = install_signal_handlers(notice)
+    ranks = setup_ranks()
+    try:
+        if ranks.local_rank == 0:
+            start_watchers(notice, node_settings())
+        return run(cfg, ranks, notice)
+    finally:
+        restore_signals()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
+    device = ranks.device
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = build_model(cfg).to(device)
+    dataset = build_dataset(cfg, model)
+    amp_dtype, use_scaler = precision_plan(
+        cfg.precision, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    if cfg.precision == "bf16" and amp_dtype != torch.bfloat16:
+        log.warning("bf16 is not supported on this GPU; using fp16 with a GradScaler")
+    optimizer = build_optimizer(model, cfg, device)
+    trainer = Trainer(
+        cfg, ranks, model, optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.steps)),
+        scaler=torch.amp.GradScaler(device.type, enabled=use_scaler),
+        data=DataStream(dataset, cfg, ranks.rank, ranks.world, device),
+        checkpoints=Checkpointer(open_store(cfg.checkpoint_uri), cfg.keep_checkpoints),
+    )
+    start, rng = trainer.resume()
+    if start >= cfg.steps:
+        log.info("the checkpoint at %s is already at step %d of %d", cfg.checkpoint_uri, start, cfg.steps)
+        return EXIT_OK
+    net = model
+    if ranks.world > 1:
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if rng is not None:
+        set_rng_state(rng, device)
+    else:
+        torch.manual_seed(cfg.seed + ranks.rank)  # per-rank streams (dropout) from here on
+
+    primary = ranks.rank == 0
+    metrics = MetricsFile(cfg.metrics_file if primary else None)
+    progress = Progress(cfg.steps, cfg.log_every) if primary else None
+    profiler = start_profiler(cfg, ranks)
+    global_batch = cfg.batch_size * cfg.grad_accum * ranks.world
+    k = cfg.grad_accum
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+
+    def publish(result: StepResult) -> bool:
+        """Read a step's all-reduced [loss sum, stop votes]; rank 0 records it. True if any rank must stop."""
+        loss_sum, stop_votes = result.stats.tolist()
+        if primary:
+            record = {
+                "step": result.step, "loss": loss_sum / ranks.world, "lr": result.lr,
+                "step_time_s": result.time_s, "samples_per_s": global_batch / result.time_s,
+                "data_wait_frac": result.data_wait_s / result.time_s, "time": time.time(),
+            }
+            metrics.write(record)
+            progress.update(record)
+        return stop_votes > 0
+
+    stop = False
+    done = start
+    pending: StepResult | None = None
+    last_time = time.perf_counter()
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            lr = trainer.scheduler.get_last_lr()[0]
+            losses = []
+            data_wait = 0.0
+            for micro in range(k):
+                waited = time.perf_counter()
+                batch = [t.to(device, non_blocking=True) for t in trainer.data.next()]
+                data_wait += time.perf_counter() - waited
+                # Only the last micro-batch all-reduces gradients.
+                sync = net.no_sync() if net is not model and micro < k - 1 else contextlib.nullcontext()
+                with sync:
+                    with autocast:
+                        loss = net(*batch)
+                    trainer.scaler.scale(loss / k if k > 1 else loss).backward()
+                losses.append(loss.detach())
+            if cfg.clip_grad:
+                trainer.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            trainer.scaler.step(optimizer)
+            trainer.scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            trainer.scheduler.step()
+            done = step
+            stats = agree(losses[0] if k == 1 else torch.stack(losses).float().mean(), notice)
+            if profiler:
+                profiler.step()
+            now = time.perf_counter()
+            result, last_time = StepResult(step, stats, lr, data_wait, now - last_time), now
+            if pending is not None:
+                stop = publish(pending)
+            pending = result
+            if stop:
+                break
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                trainer.save(step)
+        stop = publish(pending) or stop
+        if stop and done < cfg.steps:
+            log.warning("stop requested (%s): saving a checkpoint of step %d", notice.reason or "by another rank", done)
+        trainer.save(done)
+    finally:
+        if profiler:
+            profiler.stop()
+        if progress:
+            progress.close()
+        metrics.close()
+    return EXIT_PREEMPTED if stop and done < cfg.steps else EXIT_OK
+
+
+def start_profiler(cfg: TrainConfig, ranks: Ranks):
+    """A torch.profiler session recording cfg.profile_steps steps after one warmup step, or None."""
+    if not cfg.profile_steps:
+        return None
+    path = Path(cfg.profile_dir) / f"trace-rank{ranks.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if ranks.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=cfg.profile_steps, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+    )
+    profiler.start()
+    return profiler
