@@ -1,0 +1,253 @@
+"""Gang mode: agents on two nodes of one autoscaling group (moto server, real HTTP) run one job together.
+
+Each node is an agent process with its own fake IMDS (instance id, private IP); the group's private IPs
+are loopback addresses, so the head's torchrun store is reachable here. The jobs are real 2-node torchrun
+runs (one CPU process per node, gloo).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import boto3
+import pytest
+
+from tests.conftest import free_port
+from tests.trainer.aws import LifecycleStubbed
+from tests.trainer.fake_imds import FakeImds
+from tests.trainer.gated import GATE, ROOT, TRAIN, steps, wait_for
+from trainer.agent import GangAgent, gang_command
+from trainer.checkpoint import Checkpointer, from_bytes
+from trainer.emf import Emitter
+from trainer.imds import Imds
+from trainer.jobqueue import SqsJobQueue
+from trainer.rendezvous import ASSIGNMENT_KEY, Assignment, Board, Gang, RendezvousError
+from trainer.storage import open_store
+
+STEPS = 3
+
+
+def test_gang_command_and_assignment_format():
+    gang = Gang(("10.0.0.9", "10.0.0.10"), 1)
+    assert gang_command(["--steps", "2"], gang, "j-1-abc", 29401, 8, 90)[1:] == [
+        "-m", "trainer.launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
+        "--rdzv-endpoint", "10.0.0.9:29401", "--rdzv-id", "j-1-abc", "--rdzv-conf", "timeout=90",
+        "--nproc-per-node", "8", "-m", "trainer", "train", "--steps", "2"]
+    a = Assignment("j-1", ["--steps", "2"], 2, "10.0.0.9", 29401, "abc")
+    assert Assignment.parse(a.to_json()) == a and a.run_id == "j-1-abc"
+    with pytest.raises(RendezvousError, match="not an assignment object"):
+        Assignment.parse(b'{"job_id": "j-1"}')
+    with pytest.raises(RendezvousError, match="bad nnodes"):
+        Assignment.parse(a.to_json().replace(b'"nnodes": 2', b'"nnodes": "2"'))
+
+
+def test_board_polls_the_assignment_with_its_etag(moto_endpoint, caplog):
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    status = []
+    s3.meta.events.register("after-call.s3.GetObject",
+                            lambda http_response, **_: status.append(http_response.status_code))
+    board = Board("ckpt", s3)
+    first = Assignment("j-1", ["--steps", "2"], 2, "10.0.0.9", 29400, "g1")
+    assert board.read() is None
+    board.publish(first)
+    assert board.read() == first and board.read() == first
+    second = Assignment("j-1", ["--steps", "2"], 2, "10.0.0.9", 29400, "g2")
+    board.publish(second)
+    assert board.read() == second
+    s3.put_object(Bucket="ckpt", Key=ASSIGNMENT_KEY, Body=b"[]")
+    assert board.read() is None and "gang/assignment.json: gang assignment: not an assignment object" in caplog.text
+    board.clear()
+    assert board.read() is None
+    assert status == [404, 200, 304, 200, 200, 404]  # an unchanged object is not sent again
+
+
+@pytest.mark.parametrize("settings, flags, message", [
+    ({"asg_name": "gang"}, [], "node.json: mode 'gang' needs asg_name and node_count (an integer >= 1), "
+                               "got asg_name='gang' node_count=None"),
+    ({"asg_name": "gang", "node_count": 2, "cloud": "azure"}, [], "mode 'gang' with cloud 'azure' is not run"),
+    ({"asg_name": "gang", "node_count": 2}, ["--rdzv-port", "0"], "--rdzv-port: 0 is not allowed"),
+    ({"mode": "ring"}, [], "node.json: mode 'ring' is not allowed; expected 'queue' or 'gang'"),
+])
+def test_cli_bad_gang_settings_are_one_line(settings, flags, message, tmp_path):
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"mode": "gang", "queue_url": "http://127.0.0.1:1/q", "bucket": "ckpt", **settings}))
+    proc = subprocess.run([sys.executable, "-m", "trainer", "agent", "--node-json", str(node), *flags],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def cluster(moto_endpoint, tmp_path):
+    """A job queue, a bucket and a fixed-size group of two InService instances on loopback addresses;
+    node.json in gang mode. Returns (sqs, queue url, [(instance id, private ip)] head first, node.json)."""
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName="jobs", Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+    boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    ec2 = boto3.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="127.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="127.0.1.0/24", AvailabilityZone="eu-west-1a")["Subnet"]
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="gang", LaunchTemplateData={"ImageId": image,
+                                                                               "InstanceType": "p5.48xlarge"})
+    boto3.client("autoscaling").create_auto_scaling_group(
+        AutoScalingGroupName="gang", MinSize=2, MaxSize=2, DesiredCapacity=2,
+        LaunchTemplate={"LaunchTemplateName": "gang"}, VPCZoneIdentifier=subnet["SubnetId"])
+    nodes = sorted(((i["InstanceId"], i["PrivateIpAddress"]) for r in ec2.describe_instances()["Reservations"]
+                    for i in r["Instances"]), key=lambda n: tuple(int(x) for x in n[1].split(".")))
+    node_json = tmp_path / "node.json"
+    node_json.write_text(json.dumps({
+        "cloud": "aws", "stack": "test", "region": "eu-west-1", "mode": "gang", "node_count": 2,
+        "bucket": "ckpt", "queue_url": url, "asg_name": "gang", "log_group": "/gpufleet/test",
+        "metric_namespace": "gpufleet/test", "launch_hook": None, "terminate_hook": "drain"}))
+    return sqs, url, nodes, node_json
+
+
+def send(sqs, url, job_id, args) -> None:
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"job_id": job_id, "args": args}))
+
+
+def counts(sqs, url) -> tuple[int, int]:
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+
+def protected(instance_id) -> bool:
+    got = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
+    return got["AutoScalingInstances"][0]["ProtectedFromScaleIn"]
+
+
+def assignment() -> Assignment | None:
+    return Board("ckpt", boto3.client("s3")).read()
+
+
+def start_agent(node_json, imds: FakeImds, work_dir, *flags, env=None) -> subprocess.Popen:
+    """`python -m trainer agent --once` as the node whose metadata ``imds`` serves."""
+    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "false", "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+           **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "trainer", "agent", "--once", "--node-json", str(node_json),
+                             "--work-dir", str(work_dir), "--wait", "20", "--visibility", "30", *flags],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+def saved(job_id: str) -> tuple[int, dict]:
+    """The newest checkpoint of the job in its default place: (step, trainer state)."""
+    step, parts = Checkpointer(open_store(f"s3://ckpt/jobs/{job_id}/"), keep=1).load_latest()
+    return step, from_bytes(parts["trainer.pt"])
+
+
+@pytest.mark.slow
+def test_two_agents_run_one_job_as_a_two_node_gang(cluster, tmp_path):
+    sqs, url, ((head_id, head_ip), (worker_id, worker_ip)), node_json = cluster
+    gate = tmp_path / "gate"
+    send(sqs, url, "llm-1", [*TRAIN, "--steps", str(STEPS)])
+    port = free_port()
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+        flags = ["--rdzv-port", str(port), "--gang-timeout", "60"]
+        env = {GATE: f"{gate}:1"}  # every rank waits at its first forward pass until the gate opens
+        worker = start_agent(node_json, worker_imds, tmp_path / "w", *flags, env=env)
+        head = start_agent(node_json, head_imds, tmp_path / "h", *flags, env=env)
+        try:
+            wait_for(lambda: protected(head_id) and protected(worker_id), what="both nodes to run their part")
+            a = assignment()
+            assert (a.job_id, a.nnodes, a.head, a.port) == ("llm-1", 2, head_ip, port)
+            assert a.args == [*TRAIN, "--steps", str(STEPS)]
+            assert counts(sqs, url) == (0, 1)  # the head holds the message
+        finally:
+            gate.touch()
+            (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
+    assert (head_rc, worker_rc) == (0, 0), head_err + worker_err
+    assert f"joining run {a.run_id} as node 1 of 2 (head {head_ip})" in worker_err
+    assert "job llm-1: done; message deleted" in head_err
+    assert counts(sqs, url) == (0, 0)
+    assert assignment() is None  # cleared
+    assert not protected(head_id) and not protected(worker_id)
+    step, state = saved("llm-1")
+    assert (step, state["world"]) == (STEPS, 2)  # one job over 2 nodes x 1 process
+    assert [r["step"] for r in steps(tmp_path / "h" / "jobs" / "llm-1" / "metrics.jsonl")] == [1, 2, 3]
+    assert not (tmp_path / "w" / "jobs" / "llm-1" / "metrics.jsonl").exists()  # global rank 0 is the head
+
+
+def test_worker_without_an_assignment_exits_cleanly_and_leaves_the_queue_alone(cluster, tmp_path):
+    sqs, url, (_, (worker_id, worker_ip)), node_json = cluster
+    send(sqs, url, "llm-2", ["--steps", "1"])
+    with FakeImds(instance_id=worker_id, private_ip=worker_ip) as imds:
+        proc = start_agent(node_json, imds, tmp_path / "w", "--wait", "1")
+        rc, err = finish(proc)
+    assert rc == 0, err
+    assert "no gang assignment within 1s" in err
+    assert counts(sqs, url) == (1, 0)  # only the head receives
+
+
+def test_worker_that_cannot_reach_the_head_fails_with_one_line(cluster, tmp_path):
+    _, _, ((_, head_ip), (worker_id, worker_ip)), node_json = cluster
+    port = free_port()  # nothing listens there
+    Board("ckpt", boto3.client("s3")).publish(Assignment("llm-3", ["--steps", "1"], 2, head_ip, port, "g1"))
+    with FakeImds(instance_id=worker_id, private_ip=worker_ip) as imds:
+        proc = start_agent(node_json, imds, tmp_path / "w", "--gang-timeout", "1")
+        rc, err = finish(proc)
+    assert rc == 1
+    assert err.strip().splitlines()[-1].startswith(
+        f"error: gang: cannot reach the rendezvous head {head_ip}:{port} within 1s")
+    assert not protected(worker_id)
+
+
+@pytest.mark.slow
+def test_notice_on_a_worker_stops_the_gang_and_hands_the_job_back(cluster, tmp_path, monkeypatch):
+    """The worker node gets the spot notice; the head's ranks stop at the same step through the
+    collective; the head hands the message back at once; the worker completes its terminate hook."""
+    sqs, url, ((head_id, head_ip), (worker_id, worker_ip)), node_json = cluster
+    gate = tmp_path / "gate"
+    send(sqs, url, "llm-4", [*TRAIN, "--steps", "1000"])
+    port = free_port()
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+        monkeypatch.setenv(GATE, f"{gate}:3")
+        head = start_agent(node_json, head_imds, tmp_path / "h", "--rdzv-port", str(port), "--gang-timeout", "60")
+        # The worker runs in this process (its train processes see its metadata through this environment),
+        # with a Stubber for the lifecycle call that moto lacks.
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "false")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", worker_imds.endpoint)
+        autoscaling = LifecycleStubbed()
+        autoscaling.expect_complete("gang", "drain", worker_id, "CONTINUE")
+        node = json.loads(node_json.read_text())
+        worker = GangAgent(SqsJobQueue(url), "ckpt", node, tmp_path / "w", Board("ckpt", boto3.client("s3")),
+                           port=port, gang_timeout_s=60, poll_s=0.5, wait_s=20, nproc=0, imds=Imds(),
+                           autoscaling=autoscaling, emitter=Emitter("gpufleet/test", io.StringIO()))
+        result = []
+        thread = threading.Thread(target=lambda: result.append(worker.serve(once=True)))
+        thread.start()
+        try:
+            metrics = tmp_path / "h" / "jobs" / "llm-4" / "metrics.jsonl"
+            wait_for(lambda: steps(metrics), what="the job's first step")
+            worker_imds.spot_interruption()
+            seen = len(worker_imds.gets)
+            wait_for(lambda: "meta-data/spot/instance-action" in worker_imds.gets[seen:],
+                     what="the worker's watcher to read the notice")
+        finally:
+            gate.touch()
+            thread.join(timeout=120)
+            head_rc, head_err = finish(head)
+        autoscaling.stub.assert_no_pending_responses()  # the worker's terminate hook: CONTINUE
+    assert result == [75] and head_rc == 75, head_err
+    assert "job llm-4: stopped after a checkpoint; message handed back" in head_err
+    assert counts(sqs, url) == (1, 0)  # visible again at once
+    assert assignment() is None
+    assert not protected(head_id)  # the head is not going away: it may take the job again
+    stopped = steps(metrics)[-1]["step"]
+    assert stopped < 1000 and saved("llm-4")[0] == stopped

@@ -1,0 +1,139 @@
+"""Preflight: checks from an injected probe or real commands on PATH; lifecycle hook and health in moto."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from tests.trainer.aws import LifecycleStubbed, make_group
+from tests.trainer.fake_imds import FakeImds
+from trainer.errors import UsageError
+from trainer.preflight import Finding, HostProbe, check, main
+
+P5 = {"gpus": 8, "efa": 32, "nvswitch": True, "infiniband_gbps": 0}
+G5 = {"gpus": 1, "efa": 0, "nvswitch": False, "infiniband_gbps": 0}
+
+
+class FakeProbe:
+    def __init__(self, gpus=8, efa=32, fabric=True, plugin="/opt/amazon/ofi-nccl/lib/libnccl-net.so"):
+        self.gpus, self.efa, self.fabric, self.plugin = gpus, efa, fabric, plugin
+
+    def gpu_count(self):
+        return self.gpus
+
+    def efa_devices(self):
+        return self.efa
+
+    def fabric_manager_active(self):
+        return self.fabric
+
+    def nccl_net_plugin(self):
+        return self.plugin
+
+
+def test_all_checks_pass_on_a_healthy_p5():
+    findings = check(P5, FakeProbe())
+    assert [f.check for f in findings] == ["gpus", "efa", "nccl-net-plugin", "fabric-manager"]
+    assert all(f.ok for f in findings)
+    assert findings[0].line() == "PASS gpus: 8 found, 8 expected"
+
+
+def test_each_fault_is_reported():
+    findings = {f.check: f for f in check(P5, FakeProbe(gpus=7, efa=16, fabric=False, plugin=None))}
+    assert findings["gpus"] == Finding("gpus", False, "7 found, 8 expected")
+    assert findings["efa"] == Finding("efa", False, "16 EFA devices found, 32 expected")
+    assert not findings["nccl-net-plugin"].ok
+    assert findings["fabric-manager"].line() == "FAIL fabric-manager: nvidia-fabricmanager is not active"
+
+
+def test_single_gpu_type_needs_no_fabric():
+    findings = check(G5, FakeProbe(gpus=1, efa=0, fabric=False, plugin=None))
+    assert all(f.ok for f in findings)
+    assert [f.detail for f in findings][1:] == ["not used by this instance type", "not needed (no NVSwitch)"]
+
+
+def executable(path, text):
+    path.write_text("#!/bin/sh\n" + text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_host_probe_reads_real_commands(tmp_path, monkeypatch):
+    bin_dir, lib_dir = tmp_path / "bin", tmp_path / "lib"
+    bin_dir.mkdir(), lib_dir.mkdir()
+    executable(bin_dir / "nvidia-smi", "printf '0\\n1\\n2\\n3\\n'\n")
+    domains = "".join(f"provider: efa\\n    domain: rdmap{i}s0-rdm\\n    type: FI_EP_RDM\\n" for i in range(4))
+    executable(bin_dir / "fi_info", f"printf '{domains}{domains}'\n")  # each domain listed twice
+    executable(bin_dir / "systemctl", '[ "$2" = nvidia-fabricmanager ] && echo active\n')
+    (lib_dir / "libnccl-net-ofi.so").write_bytes(b"")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib_dir))
+    probe = HostProbe()
+    assert probe.gpu_count() == 4
+    assert probe.efa_devices() == 4
+    assert probe.fabric_manager_active()
+    assert probe.nccl_net_plugin() == str(lib_dir / "libnccl-net-ofi.so")
+
+
+@pytest.fixture
+def node(tmp_path, moto_endpoint, monkeypatch):
+    (instance_id,) = make_group("gpu", "p5.48xlarge")
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({"cloud": "aws", "region": "eu-west-1", "asg_name": "gpu",
+                                "launch_hook": "launch", "terminate_hook": "terminate",
+                                "instance_types": {"p5.48xlarge": P5}}))
+    with FakeImds(instance_id=instance_id, instance_type="p5.48xlarge") as imds:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
+        yield str(path), instance_id
+
+
+def health(instance_id):
+    group = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
+    return group["AutoScalingInstances"][0]["HealthStatus"].upper()  # AWS: HEALTHY, moto: Healthy
+
+
+def test_pass_continues_the_launch(node, capsys):
+    path, instance_id = node
+    autoscaling = LifecycleStubbed()
+    autoscaling.expect_complete("gpu", "launch", instance_id, "CONTINUE")
+    assert main(["--node-json", path], probe=FakeProbe(), autoscaling=autoscaling) == 0
+    autoscaling.stub.assert_no_pending_responses()
+    assert health(instance_id) == "HEALTHY"
+    out = capsys.readouterr().out
+    assert "preflight passed on p5.48xlarge" in out and "launch hook launch: CONTINUE" in out
+
+
+def test_failure_abandons_and_marks_unhealthy(node, capsys):
+    path, instance_id = node
+    autoscaling = LifecycleStubbed()
+    autoscaling.expect_complete("gpu", "launch", instance_id, "ABANDON")
+    assert main(["--node-json", path], probe=FakeProbe(gpus=7), autoscaling=autoscaling) == 1
+    autoscaling.stub.assert_no_pending_responses()
+    assert health(instance_id) == "UNHEALTHY"
+    assert "FAIL gpus: 7 found, 8 expected" in capsys.readouterr().out
+
+
+def test_off_ec2_needs_the_type_and_skips_the_hook(tmp_path, capsys):
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({"instance_types": {"g5.xlarge": G5}}))
+    with pytest.raises(UsageError, match="--instance-type: required off EC2"):
+        main(["--node-json", str(path)], probe=FakeProbe(gpus=1))
+    assert main(["--node-json", str(path), "--instance-type", "g5.xlarge"], probe=FakeProbe(gpus=1)) == 0
+    assert "not on EC2: no lifecycle hook to complete" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({"instance_types": {"g5.xlarge": G5}}))
+    for argv, message in [
+        (["--node-json", str(tmp_path / "missing.json")], "does not exist"),
+        (["--node-json", str(path), "--instance-type", "p9.huge"], "'p9.huge' is not in node.json (allowed: g5.xlarge)"),
+    ]:
+        proc = subprocess.run([sys.executable, "-m", "trainer", "preflight", *argv], capture_output=True, text=True)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr

@@ -1,0 +1,144 @@
+"""CloudWatch Embedded Metric Format: metrics as JSON log lines, no API call on the training path.
+
+The CloudWatch agent ships the lines to the log group ``/gpufleet/<stack>``, where CloudWatch
+extracts the metrics into the namespace ``gpufleet/<stack>`` (the one the node's IAM policy allows).
+The agent summarises the train run's ``--metrics-file`` once a minute: throughput, step time,
+data-wait share, GPU utilisation; and records events: preemptions, steps lost, checkpoint seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+
+def record(namespace: str, dimensions: dict[str, str], metrics: dict[str, tuple[float, str]],
+           timestamp_ms: int | None = None) -> dict:
+    """One EMF document: metric values at the top level, their definitions under ``_aws``."""
+    return {
+        "_aws": {
+            "Timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace,
+                "Dimensions": [sorted(dimensions)],
+                "Metrics": [{"Name": name, "Unit": unit} for name, (_, unit) in metrics.items()],
+            }],
+        },
+        **dimensions,
+        **{name: value for name, (value, _) in metrics.items()},
+    }
+
+
+def summarize(records: list[dict]) -> dict[str, tuple[float, str]]:
+    """Means over one interval of train's metrics-file lines: step records, and any with ``checkpoint_s``."""
+    out = {}
+    steps = [r for r in records if "samples_per_s" in r]
+    if steps:
+        def mean(key: str) -> float:
+            return sum(float(s[key]) for s in steps) / len(steps)
+
+        out = {
+            "Throughput": (mean("samples_per_s"), "Count/Second"),
+            "StepTime": (mean("step_time_s"), "Seconds"),
+            "DataWaitShare": (100.0 * mean("data_wait_frac"), "Percent"),
+            "Steps": (float(len(steps)), "Count"),
+        }
+    saves = [float(r["checkpoint_s"]) for r in records if "checkpoint_s" in r]
+    if saves:
+        out["CheckpointSeconds"] = (max(saves), "Seconds")
+    return out
+
+
+def gpu_utilisation() -> float | None:
+    """Mean GPU utilisation in percent over this node's GPUs (NVML, else nvidia-smi); None without GPUs."""
+    try:
+        import pynvml  # optional (nvidia-ml-py)
+
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            values = [pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i)).gpu
+                      for i in range(n)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        if shutil.which("nvidia-smi") is None:
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        values = [float(v) for v in out.split() if v.strip()]
+    return sum(values) / len(values) if values else None
+
+
+class Emitter:
+    """Writes EMF lines to ``out``; one line per call, flushed, safe across threads."""
+
+    def __init__(self, namespace: str, out: TextIO, dimensions: dict[str, str] | None = None):
+        self.namespace, self.out = namespace, out
+        self.dimensions = dimensions or {}
+        self._lock = threading.Lock()
+
+    def emit(self, metrics: dict[str, tuple[float, str]], **dims: str) -> None:
+        if not metrics:
+            return
+        line = json.dumps(record(self.namespace, {**self.dimensions, **dims}, metrics), separators=(",", ":"))
+        with self._lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+
+class MetricsTail:
+    """Follows a train metrics file and emits one summary per interval (plus a last one on close)."""
+
+    def __init__(self, path: str | os.PathLike, emitter: Emitter, interval_s: float = 60.0,
+                 gpu=gpu_utilisation):
+        self.path, self.emitter, self.interval_s, self.gpu = Path(path), emitter, interval_s, gpu
+        self.offset = 0
+        self.last_step: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read_new(self) -> list[dict]:
+        """Complete lines appended since the last read (a half-written last line waits)."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        done = data.rfind(b"\n") + 1
+        self.offset += done
+        steps = [json.loads(ln) for ln in data[:done].splitlines() if ln.strip()]
+        if steps:
+            self.last_step = int(steps[-1]["step"])
+        return steps
+
+    def flush(self) -> None:
+        metrics = summarize(self.read_new())
+        util = self.gpu()
+        if util is not None:
+            metrics["GPUUtilization"] = (util, "Percent")
+        self.emitter.emit(metrics)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def start(self) -> "MetricsTail":
+        self._thread = threading.Thread(target=self._run, name="emf-tail", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.flush()
