@@ -1,0 +1,151 @@
+"""The job queue on Azure Storage queues, against Azurite over real HTTP on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.trainer.azurite import ACCOUNT, Azurite
+from trainer.azure_queue import AzureJobQueue, parse_url
+from trainer.errors import UsageError
+from trainer.jobqueue import open_queue
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def azurite():
+    with Azurite() as az:
+        yield az
+
+
+@pytest.fixture
+def queue_url(azurite, monkeypatch):
+    """A fresh queue and its poison queue; the standard URL, pointed at Azurite by the connection string."""
+    from azure.storage.queue import QueueServiceClient
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    name = f"jobs-{uuid.uuid4().hex[:8]}"
+    service = QueueServiceClient.from_connection_string(azurite.connection_string)
+    service.create_queue(name)
+    service.create_queue(f"{name}-poison")
+    return f"https://{ACCOUNT}.queue.core.windows.net/{name}"
+
+
+def test_open_queue_picks_azure_for_a_storage_queue_url(queue_url):
+    assert isinstance(open_queue(queue_url), AzureJobQueue)
+
+
+def test_send_receive_delete(queue_url):
+    q = AzureJobQueue(queue_url, poll_s=0.1)
+    body = json.dumps({"job_id": "j-1", "args": ["--steps", "10", "--note", "a&b<c>'\""]})
+    q.send(body)
+    msg = q.receive(wait_s=5)
+    assert msg.body == body and msg.receive_count == 1
+    assert q.client.get_queue_properties().approximate_message_count == 1  # a leased job still counts
+    assert q.receive(wait_s=0) is None  # leased: hidden from other agents
+    q.delete(msg)
+    assert q.client.peek_messages() == []
+
+
+def test_jobs_do_not_expire_while_they_wait(queue_url):
+    q = AzureJobQueue(queue_url)
+    q.send("job")
+    (peeked,) = q.client.peek_messages()
+    assert peeked.expires_on.year == 9999  # time-to-live -1: no 7-day default expiry
+
+
+def test_receive_waits_then_gives_up_on_an_empty_queue(queue_url):
+    q = AzureJobQueue(queue_url, poll_s=0.1)
+    assert q.receive(wait_s=0) is None
+    assert q.receive(wait_s=1) is None
+
+
+def test_extend_survives_the_changing_pop_receipt(queue_url):
+    from azure.core.exceptions import HttpResponseError
+
+    q = AzureJobQueue(queue_url)
+    q.send("job")
+    msg = q.receive(wait_s=5)
+    q.extend(msg, 900)
+    q.extend(msg, 900)  # the second update needs the receipt the first one returned
+    with pytest.raises(HttpResponseError):  # the receipt handed out at receive is void now
+        q.client.delete_message(msg.id, msg.receipt)
+    q.delete(msg)  # the queue uses the current receipt
+    assert q.client.peek_messages() == []
+
+
+def test_release_hands_the_job_to_the_next_receive(queue_url):
+    q = AzureJobQueue(queue_url)
+    q.send("job")
+    first = q.receive(wait_s=5)
+    q.extend(first, 900)
+    q.release(first)
+    again = q.receive(wait_s=5)
+    assert (again.id, again.body, again.receive_count) == (first.id, "job", 2)
+
+
+def test_an_expired_lease_redelivers(queue_url):
+    q = AzureJobQueue(queue_url, visibility_s=1, poll_s=0.2)
+    q.send("job")
+    first = q.receive(wait_s=5)
+    time.sleep(1.2)  # the agent died: no extend
+    again = q.receive(wait_s=5)
+    assert again.id == first.id and again.receive_count == 2
+
+
+def test_too_many_deliveries_move_the_message_to_the_poison_queue(queue_url):
+    q = AzureJobQueue(queue_url, max_deliveries=2, poll_s=0.1)
+    q.send("crashes the trainer")
+    for _ in range(2):  # delivered twice, released twice (e.g. the node died each time)
+        msg = q.receive(wait_s=5)
+        assert msg.body == "crashes the trainer"
+        q.release(msg)
+    q.send("fine")
+    nxt = q.receive(wait_s=5)
+    assert nxt.body == "fine"  # the bad one is never handed out a third time
+    q.delete(nxt)
+    assert q.receive(wait_s=0) is None
+    assert [m.content for m in q.poison.peek_messages()] == ["crashes the trainer"]
+    assert q.client.peek_messages() == []
+
+
+@pytest.mark.parametrize("url", [
+    "https://acc.queue.core.windows.net/",
+    "https://acc.queue.core.windows.net/a/b",
+    "http://acc.queue.core.windows.net/jobs",
+    "https://acc.blob.core.windows.net/jobs",
+])
+def test_bad_queue_url_is_one_usage_line(url):
+    with pytest.raises(UsageError, match=r"^--queue-url: .* Azure Storage queue URL") as err:
+        parse_url(url)
+    assert "\n" not in str(err.value)
+
+
+def test_agent_runs_a_job_from_the_storage_queue_into_blob_checkpoints(queue_url, tmp_path):
+    """The real agent and trainer processes: one job from the queue, checkpoints in the container, message gone."""
+    from azure.storage.blob import BlobServiceClient
+
+    from trainer.storage import open_store
+
+    container = f"ckpt-{uuid.uuid4().hex[:8]}"
+    BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]).create_container(container)
+    bucket = f"https://{ACCOUNT}.blob.core.windows.net/{container}"
+    q = AzureJobQueue(queue_url)
+    q.send(json.dumps({"job_id": "az-1", "args": ["--model", "gpt-tiny", "--batch-size", "4", "--steps", "3",
+                                                  "--checkpoint-every", "3"]}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "agent", "--once", "--queue-url", queue_url, "--bucket", bucket,
+         "--node-json", str(tmp_path / "absent.json"), "--wait", "1", "--work-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "job az-1: done; message deleted" in proc.stderr
+    assert q.client.peek_messages() == [] and q.receive(wait_s=0) is None
+    store = open_store(f"{bucket}/jobs/az-1/")
+    assert "step-000000003.json" in store.list()
