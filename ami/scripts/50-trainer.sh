@@ -16,7 +16,8 @@ getent group docker >/dev/null && usermod -aG docker gpufleet
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
-"$venv/bin/pip" install -q --index-url "$(manifest .trainer.torch_index_url)" "torch==$(manifest .trainer.torch)"
+# The default index's Linux x86_64 torch wheel bundles its CUDA runtime; 99-validate checks its CUDA version.
+"$venv/bin/pip" install -q "torch==$(manifest .trainer.torch)"
 "$venv/bin/pip" install -q "${wheel}${extra}"
 installed="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')"
 [ "$installed" = "$version" ] || die "trainer $installed installed, the manifest pins $version"

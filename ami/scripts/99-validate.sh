@@ -25,7 +25,7 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1
 branch="$(manifest .nvidia_driver.branch)"
 trainer_python="$(manifest .trainer.venv)/bin/python"
 torch_cuda="$("$trainer_python" -c 'import torch; assert torch.cuda.is_available(); print(torch.version.cuda)')"
-record torch_cuda "$torch_cuda"
+check torch_cuda "$torch_cuda" "$(manifest .trainer.torch_cuda)"
 check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
 "$trainer_python" -m trainer preflight --help >/dev/null || die "python -m trainer preflight does not start"
 toolkit="$(nvidia-ctk --version | awk '/version/ {print $NF; exit}')"

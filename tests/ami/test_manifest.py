@@ -48,8 +48,8 @@ def test_cuda_dependent_packages_match_the_toolkit(manifest):
     assert manifest["cuda"]["package"] == f"cuda-toolkit-{major}-{minor}"
     assert manifest["nccl"]["apt_pin"] == f"{manifest['nccl']['version']}-1+cuda{major}.{minor}"
     assert manifest["dcgm"]["package"].endswith(f"-cuda{major}")
-    torch_cuda = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", manifest["trainer"]["torch_index_url"])
-    assert torch_cuda, "torch index must be a CUDA wheel index"
+    torch_cuda = re.fullmatch(r"(\d+)\.(\d+)", manifest["trainer"]["torch_cuda"])
+    assert torch_cuda, "trainer.torch_cuda is the CUDA major.minor the torch wheel is built for"
     assert (int(torch_cuda[1]), int(torch_cuda[2])) <= (int(major), int(minor)), "torch built for a newer CUDA"
 
 
