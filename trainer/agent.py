@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
-from trainer.errors import UsageError
+from trainer.errors import ArgumentParser, UsageError
 from trainer.jobqueue import Job, JobQueue, Message, open_queue, parse_job
 from trainer.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, discover, wait_for_head
 
@@ -498,14 +498,9 @@ def load_node(path: str, required: bool) -> dict:
         raise UsageError(f"--node-json: {path} is not valid JSON ({exc})") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(message)
-
-
 def main(argv: list[str]) -> int:
-    p = _Parser(prog="python -m trainer agent", description=__doc__.strip(),
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m trainer agent", description=__doc__.strip(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue-url", help="job queue (default: queue_url in --node-json)")
     p.add_argument("--bucket", help="bucket for job checkpoints (default: bucket in --node-json)")
     p.add_argument("--node-json", default=NODE_JSON, help="node settings written by user-data (default %(default)s)")

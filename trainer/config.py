@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainer.errors import UsageError
+from trainer.errors import ArgumentParser, UsageError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -36,6 +36,7 @@ class TrainConfig:
     persistent_workers: bool = True
     model: str = "gpt-small"
     dataset: str = "text"
+    data_cache: str | None = None  # None: /mnt/scratch/gpufleet-data when /mnt/scratch exists, else under $TMPDIR
     dropout: float = 0.0
     profile_steps: int = 0
     profile_dir: str = "profile"
@@ -125,7 +126,10 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "prefetch_factor": (_int(1), "batches prefetched per worker"),
     "persistent_workers": (_bool, "keep DataLoader workers across epochs"),
     "model": (_text, "built-in model (gpt-tiny, gpt-small, gpt-base) or module:factory"),
-    "dataset": (_text, "text (Python's standard-library sources), synthetic, or module:factory"),
+    "dataset": (_text, "text (Python's standard-library sources), synthetic, module:factory, or shards: "
+                       "s3://bucket/prefix or a directory (a path with '/'; see python -m trainer.shards)"),
+    "data_cache": (_optional(_text), "cache directory of s3:// shard blocks "
+                                     "(default: /mnt/scratch/gpufleet-data if /mnt/scratch exists, else $TMPDIR)"),
     "dropout": (_float(0.0, maximum=1.0), "dropout probability of the built-in model"),
     "profile_steps": (_int(0), "write a torch.profiler trace of N steps to --profile-dir"),
     "profile_dir": (_text, "directory for profiler traces"),
@@ -138,13 +142,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage and exit; we want one line
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m trainer train", description="Train a model; resumes from --checkpoint-uri.")
+    parser = ArgumentParser(prog="python -m trainer train", description="Train a model; resumes from --checkpoint-uri.")
     parser.add_argument("--config", metavar="FILE", help="JSON file of flag values (flags win)")
     for name, (convert, help_text) in FIELDS.items():
         default = getattr(TrainConfig, name)

@@ -2,16 +2,20 @@
 
 Built in: `text`, the bytes of Python's standard-library sources (present on every machine, no
 download), cut into model-context-sized chunks; `synthetic`, random bytes of the same shape, for
-speed tests. `--model module:factory` names `factory() -> nn.Module` whose `forward(*batch)` returns
-the scalar loss; `--dataset module:factory` names `factory(model) -> Dataset` of such batches.
-Datasets should be deterministic per index: exact resume replays indices, not worker RNG.
+speed tests; shards (trainer.shards) at `s3://bucket/prefix` or in a local directory, records of
+block_size + 1 bytes, each rank streaming its own shards. `--model module:factory` names
+`factory() -> nn.Module` whose `forward(*batch)` returns the scalar loss; `--dataset module:factory`
+names `factory(model) -> Dataset` of such batches. Datasets should be deterministic per index: exact
+resume replays indices, not worker RNG; a shard stream resumes by starting at the batch count.
 """
 from __future__ import annotations
 
 import importlib
 import itertools
+import logging
 import os
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import torch
@@ -20,7 +24,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
 from trainer.model import PRESETS, build_gpt
+from trainer.shards import ShardStream
 
+log = logging.getLogger("trainer")
 CORPUS_BYTES = 4 * 1024 * 1024
 SYNTHETIC_SAMPLES = 8192
 
@@ -73,14 +79,41 @@ def build_model(cfg: TrainConfig) -> torch.nn.Module:
     raise UsageError(f"--model: {cfg.model!r} is not allowed; expected one of {', '.join(PRESETS)} or module:factory")
 
 
+def is_shard_location(dataset: str) -> bool:
+    """s3://bucket/prefix (or another URI, refused later) or a path with '/': shards, not a built-in or factory."""
+    return "://" in dataset or "/" in dataset
+
+
+def default_cache_dir() -> str:
+    """The node's scratch disk when mounted (/mnt/scratch), else the temporary directory."""
+    scratch = Path("/mnt/scratch")
+    return str(scratch / "gpufleet-data" if scratch.is_dir() else Path(tempfile.gettempdir()) / "gpufleet-data")
+
+
+def next_token_pair(record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A record of block_size + 1 tokens -> (input, the same shifted by one), like ByteChunks' items."""
+    record = record.long()
+    return record[:-1], record[1:]
+
+
 def build_dataset(cfg: TrainConfig, model: torch.nn.Module) -> Dataset:
-    if ":" in cfg.dataset:
+    shards = is_shard_location(cfg.dataset)
+    if ":" in cfg.dataset and not shards:
         return load_factory("--dataset", cfg.dataset)(model)
-    if cfg.dataset not in ("text", "synthetic"):
-        raise UsageError(f"--dataset: {cfg.dataset!r} is not allowed; expected text, synthetic or module:factory")
+    if cfg.dataset not in ("text", "synthetic") and not shards:
+        raise UsageError(f"--dataset: {cfg.dataset!r} is not allowed; expected text, synthetic, module:factory, "
+                         "s3://bucket/prefix or a directory of shards (a path with '/')")
     block_size = getattr(model, "block_size", None)
     if not isinstance(block_size, int):
         raise UsageError(f"--dataset {cfg.dataset}: the model has no integer block_size attribute")
+    if shards:
+        stream = ShardStream(cfg.dataset, block_size + 1, cache_dir=cfg.data_cache or default_cache_dir(),
+                             batch_size=cfg.batch_size, epochs=None, seed=cfg.seed, transform=next_token_pair)
+        names = [stream.source.name(s) for s in stream.shards]
+        log.info("data: rank %d of %d reads %d of %d shards, %d batches an epoch: %s", stream.rank,
+                 stream.world_size, len(names), len(stream.source.shards), stream.batches_per_epoch,
+                 " ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
+        return stream
     if cfg.dataset == "text":
         return ByteChunks(torch.frombuffer(bytearray(stdlib_sources()), dtype=torch.uint8), block_size)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -138,6 +171,9 @@ class DataStream:
         return {"epoch": self.epoch, "samples": self.taken}
 
     def load_state(self, state: dict) -> None:
+        if "samples" not in state:
+            raise UsageError("--dataset: the checkpoint holds the position of a shard dataset; "
+                             "resume with the dataset it was written with")
         self.epoch, self.taken = state["epoch"], state["samples"]
         self._it = None
 
@@ -153,6 +189,45 @@ class DataStream:
             return self.next()
         self.taken += self.batch_size * self.world
         return batch
+
+
+class StreamBatches:
+    """Endless micro-batches of a ShardStream for one rank. Position: micro-batches every rank took so far."""
+
+    def __init__(self, stream: ShardStream, cfg: TrainConfig, world: int, device: torch.device) -> None:
+        workers = cfg.num_workers if cfg.num_workers is not None else default_workers(device)
+        pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+        self.stream, self.world = stream, world
+        self.loader_args = dict(batch_size=cfg.batch_size, num_workers=workers, pin_memory=pin,
+                                prefetch_factor=cfg.prefetch_factor if workers else None)
+        self.taken = 0
+        self._it = None
+
+    def state(self) -> dict:
+        return {"batches": self.taken, "world": self.world}
+
+    def load_state(self, state: dict) -> None:
+        if "batches" not in state:
+            raise UsageError("--dataset: the checkpoint holds the position of a built-in or module:factory dataset, "
+                             "not of shards; resume with the dataset it was written with")
+        if state.get("world") != self.world:
+            log.warning("data position written by %s ranks, now %d: ranks read other shards than before",
+                        state.get("world"), self.world)
+        self.taken, self._it = state["batches"], None
+
+    def next(self):
+        if self._it is None:  # one endless iterator (its workers live as long as the run)
+            self.stream.start = self.taken
+            self._it = iter(DataLoader(self.stream, **self.loader_args))
+        self.taken += 1
+        return next(self._it)
+
+
+def open_stream(dataset: Dataset, cfg: TrainConfig, rank: int, world: int, device: torch.device):
+    """The batch stream of a dataset: a shard stream starts at a batch count, others replay sampler indices."""
+    if isinstance(dataset, ShardStream):
+        return StreamBatches(dataset, cfg, world, device)
+    return DataStream(dataset, cfg, rank, world, device)
 
 
 def default_workers(device: torch.device) -> int:

@@ -7,7 +7,6 @@ instance Unhealthy. Each check prints its finding. The probe is injectable: the 
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import logging
@@ -18,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import UsageError
+from trainer.errors import ArgumentParser, UsageError
 
 log = logging.getLogger("gpufleet.preflight")
 
@@ -127,13 +126,8 @@ def load_node(path: str) -> dict:
         raise UsageError(f"--node-json: {path} is not valid JSON ({exc})") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(message)
-
-
 def main(argv: list[str] | None = None, probe=None, imds=None, autoscaling=None) -> int:
-    p = _Parser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
     p.add_argument("--node-json", default=NODE_JSON, help="node settings (default %(default)s)")
     p.add_argument("--instance-type", help="default: from the instance metadata")
     args = p.parse_args(argv)

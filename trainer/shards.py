@@ -1,27 +1,34 @@
-"""Training data from object storage: the shards under ``s3://bucket/prefix``.
+"""Training data in shards: the files under ``s3://bucket/prefix`` or in a local directory.
 
 A shard is a flat file of fixed-size records (``record_bytes`` each, e.g. token windows). The
-prefix is listed once, when the dataset is built; reads are ranged GETs of ``block_bytes``
+location is listed once, when the dataset is built. S3 reads are ranged GETs of ``block_bytes``
 blocks, kept in a local cache directory (the node's scratch disk) so a second epoch reads no
-object storage. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable and
-splits whole shards across ranks and DataLoader workers.
+object storage. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable: each
+rank reads its own whole shards, and DataLoader workers take its batches in turn.
+
+``python -m trainer.shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
+files or directories (``write_shards``).
 """
 from __future__ import annotations
 
 import bisect
+import fcntl
 import hashlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from trainer.errors import UsageError
+from trainer.errors import ArgumentParser, UsageError
 
 DEFAULT_BLOCK_BYTES = 8 << 20
+DEFAULT_SHARD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -34,15 +41,14 @@ class Shard:
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     u = urlparse(uri)
     if u.scheme != "s3" or not u.netloc:
-        raise UsageError(f"--data: {uri!r} is not an s3://bucket/prefix URI")
+        raise UsageError(f"--dataset: {uri!r} is not an s3://bucket/prefix URI")
     prefix = u.path.lstrip("/")
     return u.netloc, prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
-def assign(n_shards: int, rank: int, world: int, worker: int, workers: int) -> list[int]:
-    """The shard indices one DataLoader worker of one rank reads: round-robin over rank x worker."""
-    slot, slots = rank * workers + worker, world * workers
-    return list(range(slot, n_shards, slots))
+def assign(n_shards: int, rank: int, world: int) -> list[int]:
+    """The shard indices one rank reads: round-robin in key order."""
+    return list(range(rank, n_shards, world))
 
 
 def blocks(offset: int, length: int, block_bytes: int) -> range:
@@ -50,21 +56,29 @@ def blocks(offset: int, length: int, block_bytes: int) -> range:
     return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
 
 
-class _Source:
+class _S3Source:
     """Listing plus cached ranged reads of one bucket prefix; picklable (the client is made per process)."""
 
     def __init__(self, uri: str, cache_dir: str | os.PathLike | None, block_bytes: int):
+        from botocore.exceptions import ClientError
+
         self.bucket, self.prefix = parse_s3_uri(uri)
+        self.uri = f"s3://{self.bucket}/{self.prefix}"
         self.block_bytes = block_bytes
         self.cache_dir = Path(cache_dir or tempfile.gettempdir()) / "shards"
         self._client = None
         self._pid = None
+        self._recent: dict[tuple[str, int], bytes] = {}
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
-        self.shards = [Shard(o["Key"], o["Size"], o["ETag"].strip('"'))
-                       for page in pages for o in page.get("Contents", []) if o["Size"] > 0]
+        try:
+            self.shards = [Shard(o["Key"], o["Size"], o["ETag"].strip('"'))
+                           for page in pages for o in page.get("Contents", []) if o["Size"] > 0]
+        except ClientError as exc:
+            raise UsageError(f"--dataset: cannot list {self.uri}: {exc.response['Error']['Code']}") from None
         self.shards.sort(key=lambda s: s.key)
-        if not self.shards:
-            raise UsageError(f"--data: no shards under s3://{self.bucket}/{self.prefix}")
+
+    def name(self, shard: Shard) -> str:
+        return f"s3://{self.bucket}/{shard.key}"
 
     @property
     def client(self):
@@ -75,23 +89,32 @@ class _Source:
         return self._client
 
     def __getstate__(self):
-        return {**self.__dict__, "_client": None, "_pid": None}
+        return {**self.__dict__, "_client": None, "_pid": None, "_recent": {}}
 
     def _block(self, shard: Shard, index: int) -> bytes:
+        if (shard.key, index) in self._recent:
+            return self._recent[shard.key, index]
         # The ETag in the name: a rewritten object never serves stale cached bytes.
         name = hashlib.sha256(f"{self.bucket}/{shard.key}/{shard.etag}".encode()).hexdigest()[:32]
         path = self.cache_dir / name / f"{self.block_bytes}-{index}"
-        if path.exists():
-            return path.read_bytes()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path.parent / f".{path.name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other readers of this block wait, then hit the cache
+                if not path.exists():
+                    self._download(shard, index, path)
+        data = path.read_bytes()
+        self._recent = {**dict(list(self._recent.items())[-1:]), (shard.key, index): data}  # the last two blocks
+        return data
+
+    def _download(self, shard: Shard, index: int, path: Path) -> None:
         start = index * self.block_bytes
         end = min(start + self.block_bytes, shard.size) - 1
         data = self.client.get_object(Bucket=self.bucket, Key=shard.key, Range=f"bytes={start}-{end}",
                                       IfMatch=shard.etag)["Body"].read()
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(data)
-        os.replace(tmp, path)  # atomic: concurrent workers never see half a block
-        return data
+        os.replace(tmp, path)  # atomic: readers never see half a block
 
     def read(self, shard: Shard, offset: int, length: int) -> bytes:
         parts = [self._block(shard, i) for i in blocks(offset, length, self.block_bytes)]
@@ -99,10 +122,47 @@ class _Source:
         return b"".join(parts)[skip:skip + length]
 
 
-def _records(source: _Source, record_bytes: int) -> list[int]:
+class _DirSource:
+    """The files of a local directory (recursively, in path order; not hidden ones), read in place."""
+
+    def __init__(self, path: str):
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise UsageError(f"--dataset: {path!r} is not a directory of shards (or an s3://bucket/prefix URI)")
+        self.uri = str(root)
+        self.shards = [Shard(str(p), p.stat().st_size, "") for p in sorted(root.rglob("*"))
+                       if p.is_file() and not p.name.startswith(".") and p.stat().st_size > 0]
+
+    def name(self, shard: Shard) -> str:
+        return shard.key
+
+    def read(self, shard: Shard, offset: int, length: int) -> bytes:
+        fd = os.open(shard.key, os.O_RDONLY)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+
+def open_source(location: str, cache_dir: str | os.PathLike | None, block_bytes: int):
+    """Listed shards of s3://bucket/prefix or of a local directory; UsageError when there are none."""
+    scheme = urlparse(location).scheme
+    if scheme == "s3":
+        source = _S3Source(location, cache_dir, block_bytes)
+    elif scheme:
+        raise UsageError(f"--dataset: {location!r} has the unsupported scheme {scheme!r}; "
+                         "expected s3://bucket/prefix or a local directory")
+    else:
+        source = _DirSource(location)
+    if not source.shards:
+        raise UsageError(f"--dataset: no shards under {source.uri}")
+    return source
+
+
+def _records(source, record_bytes: int) -> list[int]:
     for s in source.shards:
         if s.size % record_bytes:
-            raise UsageError(f"--data: shard s3://{source.bucket}/{s.key} has {s.size} bytes, "
+            raise UsageError(f"--dataset: shard {source.name(s)} has {s.size} bytes, "
                              f"not a multiple of the record size {record_bytes}")
     return [s.size // record_bytes for s in source.shards]
 
@@ -116,7 +176,7 @@ class ShardDataset(Dataset):
 
     def __init__(self, uri: str, record_bytes: int, dtype: torch.dtype = torch.uint8,
                  cache_dir: str | os.PathLike | None = None, block_bytes: int = DEFAULT_BLOCK_BYTES):
-        self.source = _Source(uri, cache_dir, block_bytes)
+        self.source = open_source(uri, cache_dir, block_bytes)
         self.record_bytes, self.dtype = record_bytes, dtype
         counts = _records(self.source, record_bytes)
         self.starts = [sum(counts[:i]) for i in range(len(counts))]
@@ -134,32 +194,133 @@ class ShardDataset(Dataset):
 
 
 class ShardStream(IterableDataset):
-    """Iterable: each (rank, worker) streams its own whole shards, block by block, in key order."""
+    """Iterable: rank r reads shards r, r+W, ... (its whole shards, no other rank's), as batches of records.
+
+    An epoch of a rank is its shards' records in order (with ``seed``: the shards' order reshuffled
+    each epoch), cut into ``batch_size`` batches, the incomplete last one dropped. The rank's k-th
+    batch, counted from ``start`` across ``epochs`` (None: endless), goes to DataLoader worker
+    k % workers, which yields its records one by one: a DataLoader of the same batch_size returns the
+    rank's batches in order for any number of workers, and a stream started at a batch count
+    continues exactly where another left off.
+    """
 
     def __init__(self, uri: str, record_bytes: int, dtype: torch.dtype = torch.uint8,
                  cache_dir: str | os.PathLike | None = None, block_bytes: int = DEFAULT_BLOCK_BYTES,
-                 rank: int | None = None, world_size: int | None = None):
-        self.source = _Source(uri, cache_dir, block_bytes)
+                 rank: int | None = None, world_size: int | None = None, batch_size: int = 1,
+                 epochs: int | None = 1, seed: int | None = None, transform: Callable | None = None):
+        self.source = open_source(uri, cache_dir, block_bytes)
         self.record_bytes, self.dtype = record_bytes, dtype
-        _records(self.source, record_bytes)
+        counts = _records(self.source, record_bytes)
         dist = torch.distributed
         on = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if on else int(os.environ.get("RANK", 0)))
         self.world_size = world_size if world_size is not None else (
             dist.get_world_size() if on else int(os.environ.get("WORLD_SIZE", 1)))
+        self.batch_size, self.epochs, self.seed, self.transform = batch_size, epochs, seed, transform
+        self.start = 0
+        # Every rank checks every rank's share, so all refuse the same bad input together.
+        for r in range(self.world_size):
+            records = sum(counts[i] for i in assign(len(counts), r, self.world_size))
+            if records < batch_size:
+                raise UsageError(
+                    f"--dataset: rank {r} of {self.world_size} gets {records} records from its shards "
+                    f"(shard i goes to rank i mod {self.world_size}; {len(counts)} shards), fewer than a batch of "
+                    f"{batch_size}; write more or smaller shards")
+        self.shards = [self.source.shards[i] for i in assign(len(counts), self.rank, self.world_size)]
+        self.batches_per_epoch = sum(s.size for s in self.shards) // record_bytes // batch_size
 
-    def my_shards(self) -> list[Shard]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        return [self.source.shards[i] for i in
-                assign(len(self.source.shards), self.rank, self.world_size, worker, workers)]
+    def order(self, epoch: int) -> list[Shard]:
+        """This rank's shards in the order of one epoch."""
+        if self.seed is None:
+            return self.shards
+        perm = torch.randperm(len(self.shards), generator=torch.Generator().manual_seed(self.seed + epoch))
+        return [self.shards[i] for i in perm.tolist()]
+
+    def _batch(self, shards: list[Shard], index: int) -> Iterator[torch.Tensor]:
+        """The records of batch `index` of the epoch whose shards are `shards`, read range by range."""
+        first, last = index * self.batch_size, (index + 1) * self.batch_size  # record positions in the epoch
+        start = 0
+        for shard in shards:
+            n = shard.size // self.record_bytes
+            lo, hi = max(first, start) - start, min(last, start + n) - start
+            if lo < hi:
+                data = self.source.read(shard, lo * self.record_bytes, (hi - lo) * self.record_bytes)
+                for j in range(hi - lo):
+                    yield _tensor(data[j * self.record_bytes:(j + 1) * self.record_bytes], self.dtype)
+            start += n
+            if start >= last:
+                return
 
     def __iter__(self):
-        per_block = max(1, self.source.block_bytes // self.record_bytes)
-        for shard in self.my_shards():
-            n = shard.size // self.record_bytes
-            for first in range(0, n, per_block):
-                count = min(per_block, n - first)
-                data = self.source.read(shard, first * self.record_bytes, count * self.record_bytes)
-                for j in range(count):
-                    yield _tensor(data[j * self.record_bytes:(j + 1) * self.record_bytes], self.dtype)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        k, order = self.start + worker, None
+        while self.epochs is None or k < self.epochs * self.batches_per_epoch:
+            epoch, index = divmod(k, self.batches_per_epoch)
+            if order is None or order[0] != epoch:
+                order = (epoch, self.order(epoch))
+            for record in self._batch(order[1], index):
+                yield self.transform(record) if self.transform else record
+            k += workers
+
+
+def _source_files(source: str) -> list[Path]:
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    raise UsageError(f"source {source!r}: no such file or directory")
+
+
+def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+    """Cut the bytes of text files (directories: their files, in path order) into records of record_bytes
+    and write them as shards ``shard-00000.bin``, ... of whole records to ``out`` (a directory or
+    s3://bucket/prefix). An incomplete last record is dropped. Returns the shard keys written.
+    """
+    from trainer.storage import open_store
+
+    if record_bytes < 2 or shard_bytes < record_bytes:
+        raise UsageError(f"--record-bytes {record_bytes} / --shard-bytes {shard_bytes}: expected "
+                         "2 <= record bytes <= shard bytes")
+    files = [f for s in sources for f in _source_files(s)]
+    store = open_store(out)
+    per_shard = shard_bytes // record_bytes * record_bytes
+    keys, pending = [], bytearray()
+
+    def flush(n: int) -> None:
+        key = f"shard-{len(keys):05d}.bin"
+        store.write_bytes(key, bytes(pending[:n]))
+        del pending[:n]
+        keys.append(key)
+
+    for f in files:
+        pending += f.read_bytes()
+        while len(pending) >= per_shard:
+            flush(per_shard)
+    if len(pending) >= record_bytes:
+        flush(len(pending) // record_bytes * record_bytes)
+    if not keys:
+        raise UsageError(f"sources {', '.join(sources)}: fewer than {record_bytes} bytes, not one record")
+    return keys
+
+
+def main(argv: list[str]) -> int:
+    p = ArgumentParser(prog="python -m trainer.shards", description="Write shards for `train --dataset`.")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories of them")
+    p.add_argument("--out", required=True, help="a directory or s3://bucket/prefix")
+    p.add_argument("--record-bytes", type=int, required=True,
+                   help="the model's block_size + 1 (gpt-tiny 33, gpt-small 129, gpt-base 257)")
+    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="at most (default %(default)s)")
+    try:
+        args = p.parse_args(argv)
+        keys = write_shards(args.sources, args.out, args.record_bytes, args.shard_bytes)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(keys)} shards of {args.record_bytes}-byte records to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

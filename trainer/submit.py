@@ -6,20 +6,14 @@ nothing is sent.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import re
 import sys
 import time
 
-from trainer.errors import UsageError
+from trainer.errors import ArgumentParser, UsageError
 from trainer.jobqueue import Job, check_job_id, open_queue, parse_job
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(message)
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -63,7 +57,7 @@ def expand(base_id: str, args: list[str], sweeps: list[tuple[str, list[str]]]) -
 
 def main(argv: list[str]) -> int:
     own, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = _Parser(prog="python -m trainer submit", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m trainer submit", description=__doc__.splitlines()[0])
     p.add_argument("--queue-url", required=True, help="the cluster's job queue URL")
     p.add_argument("--job-id", help="job id (default: job-<UTC time>); with --sweep, the prefix of every id")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.checkpoint import Checkpointer, from_bytes, to_bytes
 from trainer.config import TrainConfig
-from trainer.data import DataStream, build_dataset, build_model
+from trainer.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
 from trainer.metrics import MetricsFile, Progress
 from trainer.notices import start_watchers
 from trainer.stop import StopNotice, agree, install_signal_handlers
@@ -124,11 +124,15 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    data: DataStream
+    data: DataStream | StreamBatches
     checkpoints: Checkpointer
 
-    def save(self, step: int) -> None:
-        """All ranks' RNG states are gathered; rank 0 writes the checkpoint; every rank waits for the commit."""
+    def save(self, step: int) -> float:
+        """All ranks' RNG states are gathered; rank 0 writes the checkpoint; every rank waits for the commit.
+
+        Returns the seconds the save held training up.
+        """
+        began = time.perf_counter()
         rngs = [from_bytes(b) for b in all_gather_bytes(to_bytes(rng_state(self.ranks.device)), self.ranks)]
         if self.ranks.rank == 0:
             started = time.perf_counter()
@@ -142,6 +146,7 @@ class Trainer:
             log.info("checkpoint of step %d saved in %.2fs", step, time.perf_counter() - started)
         if self.ranks.world > 1:
             dist.barrier()
+        return time.perf_counter() - began
 
     def resume(self) -> tuple[int, dict | None]:
         """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state)."""
@@ -180,6 +185,7 @@ class StepResult:
     lr: float
     data_wait_s: float
     time_s: float
+    checkpoint_s: float | None = None  # set when a checkpoint of this step was saved
 
 
 def node_settings() -> dict:
@@ -222,7 +228,7 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.steps)),
         scaler=torch.amp.GradScaler(device.type, enabled=use_scaler),
-        data=DataStream(dataset, cfg, ranks.rank, ranks.world, device),
+        data=open_stream(dataset, cfg, ranks.rank, ranks.world, device),
         checkpoints=Checkpointer(open_store(cfg.checkpoint_uri), cfg.keep_checkpoints),
     )
     start, rng = trainer.resume()
@@ -254,6 +260,8 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
                 "step_time_s": result.time_s, "samples_per_s": global_batch / result.time_s,
                 "data_wait_frac": result.data_wait_s / result.time_s, "time": time.time(),
             }
+            if result.checkpoint_s is not None:
+                record["checkpoint_s"] = result.checkpoint_s
             metrics.write(record)
             progress.update(record)
         return stop_votes > 0
@@ -297,11 +305,12 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             if stop:
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                trainer.save(step)
-        stop = publish(pending) or stop
+                pending.checkpoint_s = trainer.save(step)
+        stop = stop or pending.stats[1].item() > 0  # the last step's votes; its record waits for the final save
         if stop and done < cfg.steps:
             log.warning("stop requested (%s): saving a checkpoint of step %d", notice.reason or "by another rank", done)
-        trainer.save(done)
+        pending.checkpoint_s = trainer.save(done)
+        publish(pending)
     finally:
         if profiler:
             profiler.stop()

@@ -67,3 +67,21 @@ def test_no_gpu_no_steps_no_line(tmp_path):
     out = io.StringIO()
     MetricsTail(tmp_path / "none.jsonl", Emitter("gpufleet/dev", out), gpu=lambda: None).flush()
     assert out.getvalue() == ""
+
+
+def test_train_records_checkpoint_seconds_and_the_emf_line_carries_them(tmp_path):
+    from trainer.__main__ import main
+
+    path = tmp_path / "metrics.jsonl"
+    assert main(["train", "--model", "gpt-tiny", "--batch-size", "2", "--steps", "5", "--checkpoint-every", "2",
+                 "--checkpoint-uri", str(tmp_path / "ck"), "--metrics-file", str(path)]) == 0
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4, 5]  # still one record per step
+    saved = {r["step"]: r["checkpoint_s"] for r in lines if "checkpoint_s" in r}
+    assert list(saved) == [2, 4, 5] and all(s > 0 for s in saved.values())  # periodic saves and the final one
+    out = io.StringIO()
+    MetricsTail(path, Emitter("gpufleet/dev", out, {"JobId": "j1"}), gpu=lambda: None).close()
+    (doc,) = [json.loads(ln) for ln in out.getvalue().splitlines()]
+    check_emf(doc)
+    assert doc["CheckpointSeconds"] == max(saved.values()) and doc["Steps"] == 5
+    assert {"Name": "CheckpointSeconds", "Unit": "Seconds"} in doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]

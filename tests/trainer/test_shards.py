@@ -38,8 +38,8 @@ def test_pure_helpers():
     assert parse_s3_uri("s3://b") == ("b", "")
     with pytest.raises(UsageError, match="not an s3://bucket/prefix URI"):
         parse_s3_uri("/local/path")
-    assert assign(10, rank=1, world=2, worker=0, workers=2) == [2, 6]
-    slots = [assign(10, r, 2, w, 2) for r in range(2) for w in range(2)]
+    assert assign(10, rank=1, world=4) == [1, 5, 9]
+    slots = [assign(10, r, 3) for r in range(3)]
     assert sorted(i for s in slots for i in s) == list(range(10))
     assert list(blocks(0, 10, 8)) == [0, 1] and list(blocks(16, 8, 8)) == [2]
 

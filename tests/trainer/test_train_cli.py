@@ -45,7 +45,8 @@ def test_bad_values_found_after_parsing(capsys, tmp_path):
     assert line == ("error: --model: 'gpt-huge' is not allowed; "
                     "expected one of gpt-tiny, gpt-small, gpt-base or module:factory")
     line = one_line_error(capsys, ["train", "--dataset", "imagenet", *ck])
-    assert line == "error: --dataset: 'imagenet' is not allowed; expected text, synthetic or module:factory"
+    assert line == ("error: --dataset: 'imagenet' is not allowed; expected text, synthetic, module:factory, "
+                    "s3://bucket/prefix or a directory of shards (a path with '/')")
     line = one_line_error(capsys, ["train", "--dataset", "no_such_module_xyz:make", *ck])
     assert line.startswith("error: --dataset: cannot load 'no_such_module_xyz:make': ModuleNotFoundError")
     line = one_line_error(capsys, ["train", "--checkpoint-uri", "gs://bucket/run"])
