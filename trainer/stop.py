@@ -10,21 +10,24 @@ import torch.distributed as dist
 
 
 class StopNotice:
-    """Set once by a signal handler or a watcher thread; read by the training loop."""
+    """Set by a signal handler or a watcher thread; read by the training loop.
+
+    No locks: a signal handler runs between bytecodes of the main thread, even inside another handler or
+    a lock acquisition, so taking a lock there can deadlock (a second SIGTERM during the first handler
+    did). Single attribute stores are atomic under the GIL; the first reason wins.
+    """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
+        self._set = False
         self.reason: str | None = None
 
     def set(self, reason: str) -> None:
-        with self._lock:
-            if self.reason is None:
-                self.reason = reason
-            self._event.set()
+        if self.reason is None:
+            self.reason = reason
+        self._set = True
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
 
 def install_signal_handlers(notice: StopNotice) -> Callable[[], None]:

@@ -59,12 +59,16 @@ def test_stop_path_checkpoints_then_approves_only_this_vms_events(fake):
     ours = fake.schedule("Preempt")
     script = textwrap.dedent(f"""
         import sys
+        import time
         from trainer.azure_events import start_watcher
         from trainer.stop import StopNotice
         notice = StopNotice()
         start_watcher(notice, {{"cloud": "azure"}}, base_url={fake.base_url!r}, interval_s=0.01)
-        if not notice._event.wait(10):
-            sys.exit("no stop notice")
+        deadline = time.monotonic() + 10
+        while not notice.is_set():
+            if time.monotonic() > deadline:
+                sys.exit("no stop notice")
+            time.sleep(0.01)
         print(notice.reason)
         sys.exit(75)
     """)

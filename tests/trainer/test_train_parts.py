@@ -142,3 +142,45 @@ def test_metrics_file_lines_are_visible_at_once_and_appended(tmp_path):
     resumed.write({"step": 2})
     resumed.close()
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 1}, {"step": 2}]
+
+
+def test_stop_notice_survives_a_second_signal_at_any_point_of_the_first():
+    """A signal handler runs between any two bytecodes of the main thread, also inside another handler:
+    set() interrupted at each of its lines by a nested set() must finish (a lock there deadlocked)."""
+    import sys
+    import threading
+
+    from trainer.stop import StopNotice
+
+    lines = set()
+
+    def probe():
+        """Collect the lines of StopNotice.set, then interrupt each one in turn with a nested set()."""
+        def trace(frame, event, arg):
+            if frame.f_code is StopNotice.set.__code__ and event == "line":
+                lines.add(frame.f_lineno)
+            return trace
+        sys.settrace(trace)
+        StopNotice().set("first")
+        sys.settrace(None)
+        for line in sorted(lines):
+            notice, nested = StopNotice(), []
+
+            def interrupt(frame, event, arg, line=line, notice=notice, nested=nested):
+                if frame.f_code is StopNotice.set.__code__ and event == "line" and frame.f_lineno == line \
+                        and not nested:
+                    nested.append(line)
+                    notice.set("second")
+                return interrupt
+            sys.settrace(interrupt)
+            notice.set("first")
+            sys.settrace(None)
+            assert notice.is_set() and notice.reason in ("first", "second")
+            done.append(line)
+
+    done: list[int] = []
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), f"set() deadlocked when interrupted at line {sorted(lines - set(done))}"
+    assert done and set(done) == lines
