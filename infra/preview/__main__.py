@@ -73,10 +73,7 @@ def render(doc: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     if fmt == "markdown":
-        markdown = runner.hook("markdown")
-        if markdown is None:
-            raise ConfigError("--format", fmt, "table or json (infra/preview/markdown.py is missing)")
-        return markdown.render(doc)
+        return runner.hook("markdown").render(doc)
     from infra.preview import report
 
     return report.table(doc)

@@ -9,7 +9,7 @@ and root stack in context variables) on its own event loop, so previews in one p
 from each other and from the caller.
 
 ``preview`` is the whole offline preview: validate the config, run ``infra.program.main`` (the same
-entry ``pulumi up`` runs), then the hooks owned by other modules when present: the policy pack
+entry ``pulumi up`` runs), then the policy pack
 (``infra.preview.analyzer.PolicyPack``, started while the program runs), the cost estimate and the
 diff against a base document.
 """
@@ -19,7 +19,6 @@ import asyncio
 import contextvars
 import functools
 import importlib
-import importlib.util
 import logging
 import threading
 import traceback
@@ -234,9 +233,10 @@ def one_line(exc: BaseException) -> str:
 # --- the preview document ---------------------------------------------------------------------------
 
 def hook(name: str):
-    """``infra.preview.<name>`` if that module exists, else None (owned by other areas, may be absent)."""
-    full = f"infra.preview.{name}"
-    return importlib.import_module(full) if importlib.util.find_spec(full) is not None else None
+    """The module ``infra.preview.<name>`` (analyzer, cost, diff, markdown), imported when first needed.
+
+    Tests replace this to leave the policy pack out (None for "analyzer")."""
+    return importlib.import_module(f"infra.preview.{name}")
 
 
 def _main() -> None:
@@ -293,13 +293,9 @@ def preview(raw: dict[str, Any], secret_keys: frozenset[str], stack: str, *,
             if pack:
                 wait([starting])
                 pack.close()
-    cost = hook("cost")
-    doc["cost"] = cost.estimate(cfg) if cost else {}
+    doc["cost"] = hook("cost").estimate(cfg)
     if base is not None:
-        diff = hook("diff")
-        if diff is None:
-            raise config.ConfigError("--diff", "base document", "only with infra/preview/diff.py present")
-        doc["diff"] = diff.compute(base, doc)
+        doc["diff"] = hook("diff").compute(base, doc)
     return doc
 
 
