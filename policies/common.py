@@ -32,10 +32,6 @@ UNKNOWN = _Unknown()
 CLASSIFICATION_TAG = "data-classification"
 
 
-def is_unknown(value: Any) -> bool:
-    return value is UNKNOWN or _is_unknown(value)
-
-
 def plain(value: Any) -> Any:
     """A plain copy of engine-sent properties; unknown values (at any depth) become UNKNOWN."""
     if _is_unknown(value):

@@ -193,15 +193,18 @@ def group_sizes(stack: Stack, group_type: str) -> list[tuple[Resource, list[str]
     return out
 
 
+def _detail(groups) -> str:
+    return ", ".join(f"{g.name}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
+
+
 def gpu_quota(group_type: str):
     def check(stack: Stack, ctx):
         groups = [(g, types, size) for g, types, size in group_sizes(stack, group_type)
                   if any(t in CATALOG for t in types)]
         total = sum(size * max(CATALOG[t].gpus for t in types if t in CATALOG) for _, types, size in groups)
         if total > ctx.config["maxGpus"]:
-            detail = ", ".join(f"{g.name}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
-            yield (f"GPU groups can reach {total:g} GPUs, over the quota of {ctx.config['maxGpus']:g} ({detail})",
-                   groups[0][0].urn)
+            yield (f"GPU groups can reach {total:g} GPUs, over the quota of {ctx.config['maxGpus']:g} "
+                   f"({_detail(groups)})"), groups[0][0].urn
     return check
 
 
@@ -232,9 +235,8 @@ def monthly_ceiling(group_type: str):
         groups = group_sizes(stack, group_type)
         cost = sum(monthly_max_usd(types, size, spot) for _, types, size in groups)
         if cost > ceiling:
-            detail = ", ".join(f"{g.name}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
             yield (f"GPU groups at their maximum size cost about ${cost:,.0f}/month, over the "
-                   f"${ceiling:,.0f} ceiling ({detail})"), groups[0][0].urn
+                   f"${ceiling:,.0f} ceiling ({_detail(groups)})"), groups[0][0].urn
     return check
 
 

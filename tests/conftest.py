@@ -1,7 +1,6 @@
 """Shared fixtures: a moto server on loopback (real HTTP) and a clean AWS environment."""
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from pathlib import Path

@@ -6,10 +6,6 @@ import subprocess
 import sys
 import zipfile
 
-import pytest
-
-from tests.ami.conftest import ROOT
-
 
 def _wheel(trainer_wheel_dir, manifest) -> zipfile.ZipFile:
     path = trainer_wheel_dir / manifest["trainer"]["wheel"]
@@ -25,17 +21,11 @@ def test_wheel_is_named_by_the_manifest_and_declares_the_console_script(trainer_
     assert "trainer/preflight.py" in names and "trainer/__init__.py" in names
 
 
-needs_main = pytest.mark.skipif(not (ROOT / "trainer" / "__main__.py").exists(),
-                                reason="trainer/__main__.py is not written yet (trainer area)")
-
-
-@needs_main
 def test_wheel_contains_the_module_entry_point(trainer_wheel_dir, manifest):
     with _wheel(trainer_wheel_dir, manifest) as wheel:
         assert "trainer/__main__.py" in wheel.namelist()
 
 
-@needs_main
 def test_installed_wheel_runs_preflight_and_agent(trainer_wheel_dir, manifest, tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),

@@ -118,13 +118,7 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
                                                                             "kmsMasterKeyId": KEY_ARN},
                                       "bucketKeyEnabled": True}]},
           deps={"bucket": [bucket], "rules": [key]})
-    s.add("aws:s3/bucketVersioning:BucketVersioning", "data-versioning",
-          {"bucket": name, "versioningConfiguration": {"status": "Enabled"}}, deps={"bucket": [bucket]})
-    s.add("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "data-pab",
-          {"bucket": name, "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True,
-           "restrictPublicBuckets": True}, deps={"bucket": [bucket]})
-    s.add("aws:s3/bucketPolicy:BucketPolicy", "data-policy", {"bucket": name, "policy": tls_policy(name)},
-          deps={"bucket": [bucket], "policy": [bucket]})
+    _bucket_guards(s, bucket, name, "data")
     if classification == "phi":
         _access_logs(s, bucket, name, t)
     s.add("aws:sqs/queue:Queue", "jobs", {"kmsMasterKeyId": KEY_ARN, "visibilityTimeoutSeconds": 900, "tags": t},
@@ -159,6 +153,17 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     return {"key": key, "bucket": bucket, "vpc": vpc, "subnet": subnet, "sg": sg, "role": role}
 
 
+def _bucket_guards(s: Stack, bucket: dict, name: str, prefix: str) -> None:
+    """Versioning, a full public access block and a TLS-only policy for one bucket."""
+    s.add("aws:s3/bucketVersioning:BucketVersioning", f"{prefix}-versioning",
+          {"bucket": name, "versioningConfiguration": {"status": "Enabled"}}, deps={"bucket": [bucket]})
+    s.add("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", f"{prefix}-pab",
+          {"bucket": name, "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True,
+           "restrictPublicBuckets": True}, deps={"bucket": [bucket]})
+    s.add("aws:s3/bucketPolicy:BucketPolicy", f"{prefix}-policy", {"bucket": name, "policy": tls_policy(name)},
+          deps={"bucket": [bucket], "policy": [bucket]})
+
+
 def _access_logs(s: Stack, bucket: dict, name: str, t: dict) -> None:
     """A log bucket (SSE-S3, as S3 access-log delivery requires) receiving the data bucket's access logs."""
     logs = s.add("aws:s3/bucket:Bucket", "access-logs", {"forceDestroy": False, "tags": t})
@@ -166,13 +171,7 @@ def _access_logs(s: Stack, bucket: dict, name: str, t: dict) -> None:
     s.add("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "access-logs-sse",
           {"bucket": log_name, "rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
           deps={"bucket": [logs]})
-    s.add("aws:s3/bucketVersioning:BucketVersioning", "access-logs-versioning",
-          {"bucket": log_name, "versioningConfiguration": {"status": "Enabled"}}, deps={"bucket": [logs]})
-    s.add("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "access-logs-pab",
-          {"bucket": log_name, "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True,
-           "restrictPublicBuckets": True}, deps={"bucket": [logs]})
-    s.add("aws:s3/bucketPolicy:BucketPolicy", "access-logs-policy", {"bucket": log_name, "policy": tls_policy(log_name)},
-          deps={"bucket": [logs], "policy": [logs]})
+    _bucket_guards(s, logs, log_name, "access-logs")
     s.add("aws:s3/bucketLogging:BucketLogging", "data-logging",
           {"bucket": name, "targetBucket": log_name, "targetPrefix": "data/"},
           deps={"bucket": [bucket], "targetBucket": [logs]})

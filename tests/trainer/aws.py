@@ -1,6 +1,9 @@
-"""AWS test helpers: a moto autoscaling group, and a client whose lifecycle-action calls (which moto
-lacks) go to a botocore Stubber while every other call goes to the moto server."""
+"""AWS test helpers: a moto autoscaling group, job-queue messages and counts, and a client whose
+lifecycle-action calls (which moto lacks) go to a botocore Stubber while every other call goes to
+the moto server."""
 from __future__ import annotations
+
+import json
 
 import boto3
 from botocore.stub import Stubber
@@ -38,3 +41,13 @@ def make_group(name: str = "gpu", instance_type: str = "g5.xlarge", size: int = 
         LaunchTemplate={"LaunchTemplateName": name}, VPCZoneIdentifier=subnet["SubnetId"])
     group = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
     return [i["InstanceId"] for i in group["Instances"]]
+
+
+def send(sqs, url, job_id, args) -> None:
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"job_id": job_id, "args": args}))
+
+
+def counts(sqs, url) -> tuple[int, int]:
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])

@@ -9,10 +9,11 @@ import json
 import secrets
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.trainer.loopback_http import LoopbackServer, QuietHandler
 
 
-class FakeImds:
+class FakeImds(LoopbackServer):
     def __init__(self, instance_id: str = "i-0123456789abcdef0", instance_type: str = "g5.xlarge",
                  private_ip: str = "10.0.0.10", region: str = "eu-west-1"):
         self.items: dict[str, str] = {
@@ -29,13 +30,11 @@ class FakeImds:
         self.gets: list[str] = []
         self.rejected = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(self._handler())
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/"
+        return f"http://127.0.0.1:{self.port}/"
 
     def set(self, path: str, value: str) -> None:
         with self._lock:
@@ -49,29 +48,10 @@ class FakeImds:
         with self._lock:
             self.tokens.clear()
 
-    def __enter__(self) -> "FakeImds":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def _reply(self, code: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(QuietHandler):
             def do_PUT(self):
                 if self.path != "/latest/api/token":
                     return self._reply(404)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from tests.trainer.loopback_http import LoopbackServer, QuietHandler
 
-class FakeScheduledEvents:
+
+class FakeScheduledEvents(LoopbackServer):
     def __init__(self, vm_name: str = "gpufleet-azure-nodes_3"):
         self.vm_name = vm_name
         self.events: list[dict] = []
@@ -20,13 +21,11 @@ class FakeScheduledEvents:
         self.gets = 0
         self.rejected = 0
         self.polled = threading.Condition()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(self._handler())
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def schedule(self, event_type: str, resources: list[str] | None = None, event_id: str | None = None) -> str:
         with self.polled:
@@ -44,28 +43,11 @@ class FakeScheduledEvents:
             if not self.polled.wait_for(lambda: self.gets >= n, timeout_s):
                 raise AssertionError(f"watcher polled {self.gets} times, expected {n}")
 
-    def __enter__(self) -> "FakeScheduledEvents":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, code: int, body: str, ctype: str = "application/json") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(QuietHandler):
+            content_type = "application/json"
 
             def _checked(self) -> tuple[str, dict] | None:
                 url = urlparse(self.path)

@@ -13,7 +13,7 @@ import time
 import boto3
 import pytest
 
-from tests.trainer.aws import LifecycleStubbed, make_group
+from tests.trainer.aws import LifecycleStubbed, counts, make_group, send
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
 from trainer.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
@@ -36,16 +36,6 @@ def aws(moto_endpoint):
         "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"})})["QueueUrl"]
     boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     return sqs, url, dlq
-
-
-def send(sqs, url, job_id, args) -> None:
-    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"job_id": job_id, "args": args}))
-
-
-def counts(sqs, url) -> tuple[int, int]:
-    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
-        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
 def agent(url, tmp_path, name, **kw) -> Agent:

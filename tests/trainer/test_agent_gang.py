@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from tests.conftest import free_port
-from tests.trainer.aws import LifecycleStubbed
+from tests.trainer.aws import LifecycleStubbed, counts, send
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, steps, wait_for
 from trainer.agent import GangAgent, gang_command
@@ -106,16 +106,6 @@ def cluster(moto_endpoint, tmp_path):
         "bucket": "ckpt", "queue_url": url, "asg_name": "gang", "log_group": "/gpufleet/test",
         "metric_namespace": "gpufleet/test", "launch_hook": None, "terminate_hook": "drain"}))
     return sqs, url, nodes, node_json
-
-
-def send(sqs, url, job_id, args) -> None:
-    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"job_id": job_id, "args": args}))
-
-
-def counts(sqs, url) -> tuple[int, int]:
-    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
-        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
 def protected(instance_id) -> bool:
