@@ -27,8 +27,8 @@ def _program_s() -> float:
 
 def run() -> dict[str, dict]:
     from tests.trainer.azurite import ACCOUNT, Azurite
-    from trainer.azure_queue import AzureJobQueue
-    from trainer.storage import open_store
+    from trainer.clouds.azure import AzureJobQueue
+    from trainer.loop.storage import open_store
 
     figures = {"azure_program_mock_s": {"value": _program_s(), "unit": "s", "target": "< 3"}}
     saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")

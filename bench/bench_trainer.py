@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from trainer.checkpoint import Checkpointer, from_bytes, to_bytes  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import build_dataset  # noqa: E402
-from trainer.model import build_gpt  # noqa: E402
-from trainer.storage import open_store  # noqa: E402
-from trainer.train import lr_factor, train  # noqa: E402
+from trainer.loop.checkpoint import Checkpointer, from_bytes, to_bytes  # noqa: E402
+from trainer.loop.config import TrainConfig  # noqa: E402
+from trainer.loop.data import build_dataset  # noqa: E402
+from trainer.loop.model import build_gpt  # noqa: E402
+from trainer.loop.storage import open_store  # noqa: E402
+from trainer.loop.train import lr_factor, train  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device `train` picks
 STEPS = 520  # past the default checkpoint interval (500), so one periodic and the final checkpoint are in

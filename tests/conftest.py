@@ -1,8 +1,16 @@
-"""Shared fixtures: a moto server on loopback (real HTTP) and a clean AWS environment."""
+"""Shared fixtures: a moto server on loopback (real HTTP), a clean AWS environment, and the loopback guard.
+
+The guard (tests/loopback_only/sitecustomize.py) runs in this process and, through PYTHONPATH, in every
+Python process a test starts: a connection to an address beyond loopback is refused before a packet
+leaves and recorded; the session fails if anything was recorded.
+"""
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +18,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+GUARD_DIR = ROOT / "tests" / "loopback_only"
+LOOPBACK_LOG = Path(tempfile.mkdtemp(prefix="gpufleet-guard-")) / "beyond-loopback.log"
+os.environ["GPUFLEET_LOOPBACK_LOG"] = str(LOOPBACK_LOG)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(GUARD_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
+_spec = importlib.util.spec_from_file_location("_loopback_guard", GUARD_DIR / "sitecustomize.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    refused = LOOPBACK_LOG.read_text().splitlines() if LOOPBACK_LOG.exists() else []
+    if refused:
+        print(f"\nerror: {len(refused)} connection(s) beyond loopback were attempted and refused:", file=sys.stderr)
+        for line in refused[:20]:
+            print(f"  {line}", file=sys.stderr)
+        session.exitstatus = 1
 
 
 def free_port() -> int:

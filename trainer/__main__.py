@@ -1,4 +1,4 @@
-"""`python -m trainer train|agent|preflight|submit`; user errors become one line on stderr and exit 2."""
+"""`python -m trainer train|agent|preflight|submit|shards|rendezvous`; user errors become one line on stderr and exit 2."""
 from __future__ import annotations
 
 import importlib
@@ -9,10 +9,12 @@ from trainer import EXIT_USAGE
 from trainer.errors import UsageError
 
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
-    "train": "trainer.cli",
-    "agent": "trainer.agent",
-    "preflight": "trainer.preflight",
-    "submit": "trainer.submit",
+    "train": "trainer.loop.cli",
+    "agent": "trainer.node.agent",
+    "preflight": "trainer.node.preflight",
+    "submit": "trainer.jobs.submit",
+    "shards": "trainer.loop.shards",
+    "rendezvous": "trainer.node.rendezvous",
 }
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint import Checkpointer, from_bytes
-from trainer.model import build_gpt
-from trainer.storage import open_store
+from trainer.loop.checkpoint import Checkpointer, from_bytes
+from trainer.loop.model import build_gpt
+from trainer.loop.storage import open_store
 
 GATE = "GPUFLEET_TEST_GATE"  # "<file>:<forward call>" (test-only)
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ import pytest
 from tests.trainer.aws import LifecycleStubbed, counts, make_group, send
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
-from trainer.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
+from trainer.node.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
                            visibility_extension)
-from trainer.emf import Emitter
-from trainer.imds import LIFECYCLE, Imds
-from trainer.jobqueue import Job, SqsJobQueue
+from trainer.node.emf import Emitter
+from trainer.clouds.aws import LIFECYCLE, NodePlatform, SqsJobQueue
+from trainer.jobs.queue import Job
 
 STEPS = 8
 
@@ -56,7 +56,7 @@ def test_job_args_defaults():
 
 def test_command_uses_torchrun_over_gpus_and_one_process_without():
     assert command(["--steps", "1"], 0)[1:] == ["-m", "trainer", "train", "--steps", "1"]
-    assert command(["--steps", "1"], 8)[1:] == ["-m", "trainer.launch", "--standalone", "--nproc-per-node", "8",
+    assert command(["--steps", "1"], 8)[1:] == ["-m", "trainer.node.launch", "--standalone", "--nproc-per-node", "8",
                                                 "-m", "trainer", "train", "--steps", "1"]
 
 
@@ -102,7 +102,7 @@ def test_preempted_job_is_handed_back_and_finished_by_another_agent(aws, tmp_pat
         monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
         autoscaling = LifecycleStubbed()
         autoscaling.expect_complete("gpu", "drain", instance_id, "CONTINUE")
-        first = agent(url, tmp_path, "a", node=node, imds=Imds(), autoscaling=autoscaling,
+        first = agent(url, tmp_path, "a", node=node, platform=NodePlatform(node, autoscaling=autoscaling),
                       emitter=Emitter("gpufleet/test", out))
         result = []
         thread = threading.Thread(target=lambda: result.append(first.serve(once=True)))
@@ -182,7 +182,7 @@ def test_message_near_the_in_flight_limit_is_checkpointed_and_handed_back(aws, t
 
 def test_a_requested_stop_before_train_handles_signals_counts_as_preempted():
     assert outcome(-signal.SIGTERM, stop_requested=True) == 75
-    assert outcome(143, stop_requested=True) == 75  # through torchrun (trainer.launch)
+    assert outcome(143, stop_requested=True) == 75  # through torchrun (trainer.node.launch)
     assert outcome(-signal.SIGTERM, stop_requested=False) == -signal.SIGTERM
     assert outcome(75, stop_requested=False) == 75 and outcome(1, stop_requested=True) == 1
 

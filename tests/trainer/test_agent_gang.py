@@ -20,13 +20,12 @@ from tests.conftest import free_port
 from tests.trainer.aws import LifecycleStubbed, counts, send
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, steps, wait_for
-from trainer.agent import GangAgent, gang_command
-from trainer.checkpoint import Checkpointer, from_bytes
-from trainer.emf import Emitter
-from trainer.imds import Imds
-from trainer.jobqueue import SqsJobQueue
-from trainer.rendezvous import ASSIGNMENT_KEY, Assignment, Board, Gang, RendezvousError
-from trainer.storage import open_store
+from trainer.node.agent import GangAgent, gang_command
+from trainer.loop.checkpoint import Checkpointer, from_bytes
+from trainer.node.emf import Emitter
+from trainer.clouds.aws import NodePlatform, SqsJobQueue
+from trainer.node.rendezvous import ASSIGNMENT_KEY, Assignment, Board, Gang, RendezvousError
+from trainer.loop.storage import open_store
 
 STEPS = 3
 
@@ -34,7 +33,7 @@ STEPS = 3
 def test_gang_command_and_assignment_format():
     gang = Gang(("10.0.0.9", "10.0.0.10"), 1)
     assert gang_command(["--steps", "2"], gang, "j-1-abc", 29401, 8, 90)[1:] == [
-        "-m", "trainer.launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
+        "-m", "trainer.node.launch", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
         "--rdzv-endpoint", "10.0.0.9:29401", "--rdzv-id", "j-1-abc", "--rdzv-conf", "timeout=90",
         "--nproc-per-node", "8", "-m", "trainer", "train", "--steps", "2"]
     a = Assignment("j-1", ["--steps", "2"], 2, "10.0.0.9", 29401, "abc")
@@ -217,8 +216,8 @@ def test_notice_on_a_worker_stops_the_gang_and_hands_the_job_back(cluster, tmp_p
         autoscaling.expect_complete("gang", "drain", worker_id, "CONTINUE")
         node = json.loads(node_json.read_text())
         worker = GangAgent(SqsJobQueue(url), "ckpt", node, tmp_path / "w", Board("ckpt", boto3.client("s3")),
-                           port=port, gang_timeout_s=60, poll_s=0.5, wait_s=20, nproc=0, imds=Imds(),
-                           autoscaling=autoscaling, emitter=Emitter("gpufleet/test", io.StringIO()))
+                           port=port, gang_timeout_s=60, poll_s=0.5, wait_s=20, nproc=0,
+                           platform=NodePlatform(node, autoscaling=autoscaling), emitter=Emitter("gpufleet/test", io.StringIO()))
         result = []
         thread = threading.Thread(target=lambda: result.append(worker.serve(once=True)))
         thread.start()

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from tests.trainer.azurite import ACCOUNT, Azurite
-from trainer.azure_blob import AzureBlobStore, parse_uri
+from trainer.clouds.azure import AzureBlobStore, parse_uri
 from trainer.errors import UsageError
-from trainer.storage import open_store
+from trainer.loop.storage import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_https_url_and_az_uri_address_the_same_blobs_and_prefixes_isolate(env):
 
 
 def test_checkpointer_commits_prunes_and_resumes_from_blob(env):
-    from trainer.checkpoint import Checkpointer
+    from trainer.loop.checkpoint import Checkpointer
 
     ckpt = Checkpointer(open_store(f"az://checkpoints/{_job()}"), keep=2)
     for step in (1, 2, 3):

@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.trainer.fake_scheduled_events import FakeScheduledEvents
-from trainer.azure_events import MetadataUnavailable, ScheduledEventsWatcher, approve_stop_events, stop_events
-from trainer.stop import StopNotice
+from trainer.clouds.azure import MetadataUnavailable, ScheduledEventsWatcher, approve_stop_events, stop_events
+from trainer.loop.stop import StopNotice
 
 
 @pytest.fixture
@@ -60,8 +60,8 @@ def test_stop_path_checkpoints_then_approves_only_this_vms_events(fake):
     script = textwrap.dedent(f"""
         import sys
         import time
-        from trainer.azure_events import start_watcher
-        from trainer.stop import StopNotice
+        from trainer.clouds.azure import start_watcher
+        from trainer.loop.stop import StopNotice
         notice = StopNotice()
         start_watcher(notice, {{"cloud": "azure"}}, base_url={fake.base_url!r}, interval_s=0.01)
         deadline = time.monotonic() + 10

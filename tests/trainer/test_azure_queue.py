@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.trainer.azurite import ACCOUNT, Azurite
-from trainer.azure_queue import AzureJobQueue, parse_url
+from trainer.clouds.azure import AzureJobQueue, parse_url
 from trainer.errors import UsageError
-from trainer.jobqueue import open_queue
+from trainer.jobs.queue import open_queue
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_agent_runs_a_job_from_the_storage_queue_into_blob_checkpoints(queue_url
     """The real agent and trainer processes: one job from the queue, checkpoints in the container, message gone."""
     from azure.storage.blob import BlobServiceClient
 
-    from trainer.storage import open_store
+    from trainer.loop.storage import open_store
 
     container = f"ckpt-{uuid.uuid4().hex[:8]}"
     BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]).create_container(container)

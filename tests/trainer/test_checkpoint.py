@@ -11,8 +11,8 @@ import pytest
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer import EXIT_OK
 from trainer.__main__ import main
-from trainer.checkpoint import Checkpointer, CorruptCheckpoint
-from trainer.storage import LocalStore, open_store
+from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
+from trainer.loop.storage import LocalStore, open_store
 
 
 class RecordingStore(LocalStore):

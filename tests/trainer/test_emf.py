@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import json
 
-from trainer.emf import Emitter, MetricsTail, record, summarize
+from trainer.node.emf import Emitter, MetricsTail, record, summarize
 
 
 def steps(first: int, n: int) -> list[dict]:

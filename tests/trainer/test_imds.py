@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from tests.trainer.fake_imds import FakeImds
-from trainer.imds import LIFECYCLE, REBALANCE, Imds, ImdsUnavailable, Watcher, interruption
-from trainer.stop import StopNotice
+from trainer.clouds.aws import LIFECYCLE, REBALANCE, Imds, ImdsUnavailable, Watcher, interruption
+from trainer.loop.stop import StopNotice
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_token_renewed_before_its_ttl_ends(imds, monkeypatch):
     client = Imds(token_ttl_s=10)
     client.instance_id()
     clock = [1000.0]
-    monkeypatch.setattr("trainer.imds.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("trainer.clouds.aws.time.monotonic", lambda: clock[0])
     client._token_expires = clock[0] + 4  # less than the renewal margin (ttl/2) left
     client.instance_id()
     assert imds.token_requests == 2

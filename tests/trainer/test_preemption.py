@@ -10,10 +10,10 @@ import torch
 
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, TRAIN, final_state, start_train, steps, wait_for
-from trainer.config import parse_args
-from trainer.imds import LIFECYCLE, SPOT_ACTION
-from trainer.stop import StopNotice
-from trainer.train import train
+from trainer.loop.config import parse_args
+from trainer.clouds.aws import LIFECYCLE, SPOT_ACTION
+from trainer.loop.stop import StopNotice
+from trainer.loop.train import train
 
 STEPS = 12
 

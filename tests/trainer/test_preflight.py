@@ -13,7 +13,8 @@ import pytest
 from tests.trainer.aws import LifecycleStubbed, make_group
 from tests.trainer.fake_imds import FakeImds
 from trainer.errors import UsageError
-from trainer.preflight import Finding, HostProbe, check, main
+from trainer.clouds.aws import NodePlatform
+from trainer.node.preflight import Finding, HostProbe, check, main
 
 P5 = {"gpus": 8, "efa": 32, "nvswitch": True, "infiniband_gbps": 0}
 G5 = {"gpus": 1, "efa": 0, "nvswitch": False, "infiniband_gbps": 0}
@@ -92,6 +93,10 @@ def node(tmp_path, moto_endpoint, monkeypatch):
         yield str(path), instance_id
 
 
+def platform(path, autoscaling):
+    return NodePlatform(json.loads(open(path).read()), autoscaling=autoscaling)
+
+
 def health(instance_id):
     group = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
     return group["AutoScalingInstances"][0]["HealthStatus"].upper()  # AWS: HEALTHY, moto: Healthy
@@ -101,7 +106,7 @@ def test_pass_continues_the_launch(node, capsys):
     path, instance_id = node
     autoscaling = LifecycleStubbed()
     autoscaling.expect_complete("gpu", "launch", instance_id, "CONTINUE")
-    assert main(["--node-json", path], probe=FakeProbe(), autoscaling=autoscaling) == 0
+    assert main(["--node-json", path], probe=FakeProbe(), platform=platform(path, autoscaling)) == 0
     autoscaling.stub.assert_no_pending_responses()
     assert health(instance_id) == "HEALTHY"
     out = capsys.readouterr().out
@@ -112,7 +117,7 @@ def test_failure_abandons_and_marks_unhealthy(node, capsys):
     path, instance_id = node
     autoscaling = LifecycleStubbed()
     autoscaling.expect_complete("gpu", "launch", instance_id, "ABANDON")
-    assert main(["--node-json", path], probe=FakeProbe(gpus=7), autoscaling=autoscaling) == 1
+    assert main(["--node-json", path], probe=FakeProbe(gpus=7), platform=platform(path, autoscaling)) == 1
     autoscaling.stub.assert_no_pending_responses()
     assert health(instance_id) == "UNHEALTHY"
     assert "FAIL gpus: 7 found, 8 expected" in capsys.readouterr().out
@@ -121,10 +126,10 @@ def test_failure_abandons_and_marks_unhealthy(node, capsys):
 def test_off_ec2_needs_the_type_and_skips_the_hook(tmp_path, capsys):
     path = tmp_path / "node.json"
     path.write_text(json.dumps({"instance_types": {"g5.xlarge": G5}}))
-    with pytest.raises(UsageError, match="--instance-type: required off EC2"):
+    with pytest.raises(UsageError, match="--instance-type: required off a cloud node"):
         main(["--node-json", str(path)], probe=FakeProbe(gpus=1))
     assert main(["--node-json", str(path), "--instance-type", "g5.xlarge"], probe=FakeProbe(gpus=1)) == 0
-    assert "not on EC2: no lifecycle hook to complete" in capsys.readouterr().out
+    assert "not on a cloud node: no lifecycle hook to complete" in capsys.readouterr().out
 
 
 def test_cli_bad_input_is_one_line(tmp_path):

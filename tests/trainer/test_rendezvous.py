@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import ROOT
-from trainer.rendezvous import Gang, RendezvousError, discover, form, order, wait_for_head
+from trainer.node.rendezvous import Gang, RendezvousError, discover, form, order, wait_for_head
 
 
 def test_order_is_numeric():
@@ -99,7 +99,7 @@ def test_cli_prints_torchrun_flags_on_the_head_and_fails_clearly_elsewhere(group
         with FakeImds(private_ip=ip) as imds:
             env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "false",
                    "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint}
-            proc = subprocess.run([sys.executable, "-m", "trainer.rendezvous", "--job-id", "llm-7",
+            proc = subprocess.run([sys.executable, "-m", "trainer", "rendezvous", "--job-id", "llm-7",
                                    "--node-json", str(node), "--timeout", "0.5"],
                                   cwd=ROOT, env=env, capture_output=True, text=True)
         if ip == ips[0]:  # the head hosts the c10d store: nothing to wait for

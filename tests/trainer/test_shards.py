@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.errors import UsageError
-from trainer.shards import ShardDataset, ShardStream, assign, blocks, parse_s3_uri
+from trainer.loop.shards import ShardDataset, ShardStream, assign, blocks, parse_s3_uri
 
 RECORD = 12  # bytes: 3 int32 values
 SHARD_RECORDS = (5, 7, 4, 6, 3)

@@ -6,7 +6,8 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from trainer.errors import UsageError
-from trainer.storage import LocalStore, S3Store, open_store
+from trainer.clouds.aws import S3Store
+from trainer.loop.storage import LocalStore, open_store
 
 
 @pytest.fixture

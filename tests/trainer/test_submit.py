@@ -10,8 +10,8 @@ import pytest
 
 from tests.trainer.gated import ROOT
 from trainer.errors import UsageError
-from trainer.jobqueue import Job, parse_job
-from trainer.submit import expand, parse_sweep
+from trainer.jobs.queue import Job, parse_job
+from trainer.jobs.submit import expand, parse_sweep
 
 
 def test_parse_sweep():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer.__main__ import main
-from trainer.config import FIELDS, TrainConfig, parse_args
+from trainer.loop.config import FIELDS, TrainConfig, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def test_missing_config_file(capsys, tmp_path):
 
 def test_unknown_command(capsys):
     line = one_line_error(capsys, ["fly"])
-    assert line == "error: unknown command 'fly'; expected one of train, agent, preflight, submit"
+    assert line == "error: unknown command 'fly'; expected one of train, agent, preflight, submit, shards, rendezvous"
 
 
 def test_config_file_then_flags(tmp_path):

@@ -13,8 +13,8 @@ from torch.utils.data import TensorDataset
 
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer.__main__ import main
-from trainer.config import TrainConfig
-from trainer.data import DataStream
+from trainer.loop.config import TrainConfig
+from trainer.loop.data import DataStream
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--model", "gpt-tiny", "--steps", "4", "--warmup-steps", "1", "--lr", "1e-3", "--seed", "3"]

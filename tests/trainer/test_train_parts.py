@@ -11,12 +11,12 @@ import torch
 
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer.__main__ import main
-from trainer.checkpoint import Checkpointer, from_bytes
-from trainer.config import TrainConfig
-from trainer.data import build_dataset, build_model, default_workers, stdlib_sources
-from trainer.metrics import MetricsFile, Progress
-from trainer.storage import LocalStore
-from trainer.train import lr_factor, precision_plan
+from trainer.loop.checkpoint import Checkpointer, from_bytes
+from trainer.loop.config import TrainConfig
+from trainer.loop.data import build_dataset, build_model, default_workers, stdlib_sources
+from trainer.loop.metrics import MetricsFile, Progress
+from trainer.loop.storage import LocalStore
+from trainer.loop.train import lr_factor, precision_plan
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
@@ -150,7 +150,7 @@ def test_stop_notice_survives_a_second_signal_at_any_point_of_the_first():
     import sys
     import threading
 
-    from trainer.stop import StopNotice
+    from trainer.loop.stop import StopNotice
 
     lines = set()
 

@@ -15,8 +15,8 @@ import tests.trainer.trainer_hooks as hooks
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.__main__ import main
-from trainer.checkpoint import Checkpointer
-from trainer.storage import LocalStore
+from trainer.loop.checkpoint import Checkpointer
+from trainer.loop.storage import LocalStore
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model", "gpt-tiny", "--batch-size", "4", "--warmup-steps", "3", "--seed", "7"]

@@ -1,4 +1,4 @@
-"""`train --dataset s3://bucket/prefix | DIR`: shards written by trainer.shards, streamed per rank, exact resume."""
+"""`train --dataset s3://bucket/prefix | DIR`: shards written by trainer.loop.shards, streamed per rank, exact resume."""
 from __future__ import annotations
 
 import json
@@ -15,12 +15,12 @@ from torch.utils.data import DataLoader
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.__main__ import main
-from trainer.config import parse_args
-from trainer.data import stdlib_sources
+from trainer.loop.config import parse_args
+from trainer.loop.data import stdlib_sources
 from trainer.errors import UsageError
-from trainer.shards import ShardStream, main as shards_main, write_shards
-from trainer.stop import StopNotice
-from trainer.train import train
+from trainer.loop.shards import ShardStream, main as shards_main, write_shards
+from trainer.loop.stop import StopNotice
+from trainer.loop.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = 33  # gpt-tiny: block_size 32 + 1
@@ -138,7 +138,7 @@ class StopAtStep(StopNotice):
 
 
 def test_a_stopped_and_resumed_shard_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
-    monkeypatch.setattr("trainer.train.start_watchers", lambda notice, settings: [])  # only the loop reads it
+    monkeypatch.setattr("trainer.loop.train.start_watchers", lambda notice, settings: [])  # only the loop reads it
     (tmp_path / "small.py").write_bytes(stdlib_sources(100 * RECORD))
     write_shards([str(tmp_path / "small.py")], str(tmp_path / "shards"), RECORD, shard_bytes=20 * RECORD)
     # 5 shards of 20 records: an epoch is 25 steps of 4, so 30 steps cross into a reshuffled second epoch

@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from trainer.data import ByteChunks, stdlib_sources
+from trainer.loop.data import ByteChunks, stdlib_sources
 
 SIGTERM_AT_FETCH: int | None = None
 

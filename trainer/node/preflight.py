@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import ArgumentParser, UsageError
+from trainer.node.platform import Platform, open_platform
 
 log = logging.getLogger("gpufleet.preflight")
 
@@ -104,19 +105,6 @@ def check(expected: dict, probe) -> list[Finding]:
     return findings
 
 
-def report_to_group(ok: bool, node: dict, instance_id: str, autoscaling) -> None:
-    """Complete the launch hook (CONTINUE/ABANDON); a failed node is also marked Unhealthy."""
-    asg, hook = node.get("asg_name"), node.get("launch_hook")
-    if not ok:
-        autoscaling.set_instance_health(InstanceId=instance_id, HealthStatus="Unhealthy",
-                                        ShouldRespectGracePeriod=False)
-    if asg and hook:
-        autoscaling.complete_lifecycle_action(
-            LifecycleHookName=hook, AutoScalingGroupName=asg, InstanceId=instance_id,
-            LifecycleActionResult="CONTINUE" if ok else "ABANDON")
-        print(f"launch hook {hook}: {'CONTINUE' if ok else 'ABANDON'}")
-
-
 def load_node(path: str) -> dict:
     try:
         return json.loads(Path(path).read_text())
@@ -126,23 +114,16 @@ def load_node(path: str) -> dict:
         raise UsageError(f"--node-json: {path} is not valid JSON ({exc})") from None
 
 
-def main(argv: list[str] | None = None, probe=None, imds=None, autoscaling=None) -> int:
+def main(argv: list[str] | None = None, probe=None, platform: Platform | None = None) -> int:
     p = ArgumentParser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
     p.add_argument("--node-json", default=NODE_JSON, help="node settings (default %(default)s)")
     p.add_argument("--instance-type", help="default: from the instance metadata")
     args = p.parse_args(argv)
     node = load_node(args.node_json)
-    from trainer.imds import Imds, ImdsUnavailable
-
-    imds = imds or Imds()
-    try:
-        instance_type = args.instance_type or imds.instance_type()
-        instance_id = imds.instance_id()
-    except ImdsUnavailable:
-        instance_id = None
-        if not args.instance_type:
-            raise UsageError("--instance-type: required off EC2 (no instance metadata)") from None
-        instance_type = args.instance_type
+    platform = platform or open_platform(node)
+    instance_type = args.instance_type or platform.instance_type()
+    if not instance_type:
+        raise UsageError("--instance-type: required off a cloud node (no instance metadata)")
     types = node.get("instance_types", {})
     if instance_type not in types:
         raise UsageError(f"--instance-type: {instance_type!r} is not in node.json (allowed: {', '.join(sorted(types))})")
@@ -151,16 +132,8 @@ def main(argv: list[str] | None = None, probe=None, imds=None, autoscaling=None)
         print(f.line())
     ok = all(f.ok for f in findings)
     print(f"preflight {'passed' if ok else 'FAILED'} on {instance_type}")
-    if instance_id is None:
-        print("not on EC2: no lifecycle hook to complete")
-    else:
-        if autoscaling is None:
-            import boto3
-
-            autoscaling = boto3.client("autoscaling", region_name=node.get("region"))
-        report_to_group(ok, node, instance_id, autoscaling)
+    print(platform.report_launch(ok))
     return 0 if ok else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -127,7 +127,7 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "persistent_workers": (_bool, "keep DataLoader workers across epochs"),
     "model": (_text, "built-in model (gpt-tiny, gpt-small, gpt-base) or module:factory"),
     "dataset": (_text, "text (Python's standard-library sources), synthetic, module:factory, or shards: "
-                       "s3://bucket/prefix or a directory (a path with '/'; see python -m trainer.shards)"),
+                       "s3://bucket/prefix or a directory (a path with '/'; see python -m trainer shards)"),
     "data_cache": (_optional(_text), "cache directory of s3:// shard blocks "
                                      "(default: /mnt/scratch/gpufleet-data if /mnt/scratch exists, else $TMPDIR)"),
     "dropout": (_float(0.0, maximum=1.0), "dropout probability of the built-in model"),

@@ -13,12 +13,12 @@ import sys
 import time
 
 from trainer.errors import ArgumentParser, UsageError
-from trainer.jobqueue import Job, check_job_id, open_queue, parse_job
+from trainer.jobs.queue import Job, check_job_id, open_queue, parse_job
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
     """KEY=V1,V2 -> (train flag name with dashes, values); KEY may be written lr, --lr or batch_size."""
-    from trainer.config import FIELDS
+    from trainer.loop.config import FIELDS
 
     key, sep, values = text.partition("=")
     name = key.strip().lstrip("-").replace("-", "_")

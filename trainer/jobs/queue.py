@@ -1,4 +1,5 @@
-"""The job queue the agent pulls from: SQS here, Azure Storage queues in ``trainer.azure_queue``."""
+"""The job queue interface the agent pulls from, job messages, and the registry of the clouds' queues
+(trainer.clouds.<cloud>.open_queue: SQS, Azure Storage queues)."""
 from __future__ import annotations
 
 import json
@@ -7,10 +8,14 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from trainer.clouds import adapter
 from trainer.errors import UsageError
 
 # SQS caps a message's total time in flight at 12 hours from the receive that handed it out.
 MAX_IN_FLIGHT_S = 12 * 3600
+# Queue URL host suffix -> the trainer.clouds module whose queue it is; any other http(s) URL is SQS's
+# (or an SQS-compatible endpoint such as moto's).
+QUEUE_HOSTS = {".queue.core.windows.net": "azure"}
 
 
 @dataclass(frozen=True)
@@ -44,50 +49,13 @@ class JobQueue:
         raise NotImplementedError
 
 
-def sqs_region(url: str) -> str | None:
-    """The region in an SQS URL (https://sqs.<region>.amazonaws.com/...), or None for an emulator URL."""
-    m = re.match(r"(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com(?:\.cn)?$",
-                 urlparse(url).hostname or "")
-    return m.group(1) if m else None
-
-
-class SqsJobQueue(JobQueue):
-    def __init__(self, url: str, region: str | None = None):
-        import boto3
-
-        self.url = url
-        self.client = boto3.client("sqs", region_name=region or sqs_region(url))
-
-    def receive(self, wait_s: int) -> Message | None:
-        resp = self.client.receive_message(
-            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=wait_s,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"])
-        for m in resp.get("Messages", []):
-            return Message(m["MessageId"], m["Body"], m["ReceiptHandle"],
-                           int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)))
-        return None
-
-    def extend(self, msg: Message, visibility_s: int) -> None:
-        self.client.change_message_visibility(
-            QueueUrl=self.url, ReceiptHandle=msg.receipt, VisibilityTimeout=int(visibility_s))
-
-    def delete(self, msg: Message) -> None:
-        self.client.delete_message(QueueUrl=self.url, ReceiptHandle=msg.receipt)
-
-    def send(self, body: str) -> str:
-        return self.client.send_message(QueueUrl=self.url, MessageBody=body)["MessageId"]
-
-
 def open_queue(url: str, region: str | None = None) -> JobQueue:
     """SQS for SQS URLs; an Azure Storage queue for https://<account>.queue.core.windows.net/<queue>."""
     host = urlparse(url).hostname or ""
-    if host.endswith(".queue.core.windows.net"):
-        from trainer.azure_queue import AzureJobQueue
-
-        return AzureJobQueue(url)
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--queue-url: {url!r} is not a queue URL (an SQS or Azure Storage queue https URL)")
-    return SqsJobQueue(url, region)
+    cloud = next((c for suffix, c in QUEUE_HOSTS.items() if host.endswith(suffix)), "aws")
+    return adapter(cloud).open_queue(url, region)
 
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -119,7 +87,7 @@ def parse_job(body: str) -> Job:
     args = raw["args"]
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise UsageError(f"job {job_id}: args must be a list of strings, got {args!r}")
-    from trainer.config import parse_args
+    from trainer.loop.config import parse_args
 
     try:
         parse_args(args)

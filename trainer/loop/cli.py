@@ -1,11 +1,11 @@
 """`python -m trainer train [--config FILE] [flags]`."""
 from __future__ import annotations
 
-from trainer.config import parse_args
+from trainer.loop.config import parse_args
 
 
 def main(argv: list[str]) -> int:
     cfg = parse_args(argv)
-    from trainer.train import train  # torch loads only once the flags are good
+    from trainer.loop.train import train  # torch loads only once the flags are good
 
     return train(cfg)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from trainer.storage import Store
+from trainer.loop.storage import Store
 
 log = logging.getLogger("trainer")
 MANIFEST = re.compile(r"^step-(\d{9})\.json$")

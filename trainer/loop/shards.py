@@ -6,7 +6,7 @@ blocks, kept in a local cache directory (the node's scratch disk) so a second ep
 object storage. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable: each
 rank reads its own whole shards, and DataLoader workers take its batches in turn.
 
-``python -m trainer.shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
+``python -m trainer shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
 files or directories (``write_shards``).
 """
 from __future__ import annotations
@@ -278,7 +278,7 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
     and write them as shards ``shard-00000.bin``, ... of whole records to ``out`` (a directory or
     s3://bucket/prefix). An incomplete last record is dropped. Returns the shard keys written.
     """
-    from trainer.storage import open_store
+    from trainer.loop.storage import open_store
 
     if record_bytes < 2 or shard_bytes < record_bytes:
         raise UsageError(f"--record-bytes {record_bytes} / --shard-bytes {shard_bytes}: expected "
@@ -306,7 +306,7 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
 
 
 def main(argv: list[str]) -> int:
-    p = ArgumentParser(prog="python -m trainer.shards", description="Write shards for `train --dataset`.")
+    p = ArgumentParser(prog="python -m trainer shards", description="Write shards for `train --dataset`.")
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories of them")
     p.add_argument("--out", required=True, help="a directory or s3://bucket/prefix")
     p.add_argument("--record-bytes", type=int, required=True,

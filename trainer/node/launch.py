@@ -1,4 +1,4 @@
-"""`python -m trainer.launch <torchrun flags> -m trainer train ...`: torchrun that keeps exit status 75.
+"""`python -m trainer.node.launch <torchrun flags> -m trainer train ...`: torchrun that keeps exit status 75.
 
 torchrun exits 1 whenever a worker exits non-zero; the agent needs to tell a preemption (the
 workers saved a checkpoint and exited 75) from a failure, so this passes the first failure's 75

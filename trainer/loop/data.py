@@ -2,7 +2,7 @@
 
 Built in: `text`, the bytes of Python's standard-library sources (present on every machine, no
 download), cut into model-context-sized chunks; `synthetic`, random bytes of the same shape, for
-speed tests; shards (trainer.shards) at `s3://bucket/prefix` or in a local directory, records of
+speed tests; shards (trainer.loop.shards) at `s3://bucket/prefix` or in a local directory, records of
 block_size + 1 bytes, each rank streaming its own shards. `--model module:factory` names
 `factory() -> nn.Module` whose `forward(*batch)` returns the scalar loss; `--dataset module:factory`
 names `factory(model) -> Dataset` of such batches. Datasets should be deterministic per index: exact
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer.config import TrainConfig
+from trainer.loop.config import TrainConfig
 from trainer.errors import UsageError
-from trainer.model import PRESETS, build_gpt
-from trainer.shards import ShardStream
+from trainer.loop.model import PRESETS, build_gpt
+from trainer.loop.shards import ShardStream
 
 log = logging.getLogger("trainer")
 CORPUS_BYTES = 4 * 1024 * 1024

@@ -23,13 +23,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
-from trainer.checkpoint import Checkpointer, from_bytes, to_bytes
-from trainer.config import TrainConfig
-from trainer.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
-from trainer.metrics import MetricsFile, Progress
-from trainer.notices import start_watchers
-from trainer.stop import StopNotice, agree, install_signal_handlers
-from trainer.storage import open_store
+from trainer.loop.checkpoint import Checkpointer, from_bytes, to_bytes
+from trainer.loop.config import TrainConfig
+from trainer.loop.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
+from trainer.loop.metrics import MetricsFile, Progress
+from trainer.loop.notices import start_watchers
+from trainer.loop.stop import StopNotice, agree, install_signal_handlers
+from trainer.loop.storage import open_store
 
 log = logging.getLogger("trainer")
 NODE_JSON = "/etc/gpufleet/node.json"

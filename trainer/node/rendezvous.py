@@ -2,14 +2,13 @@
 
 The members are the group's InService instances; the head is the one with the lowest private IP,
 so every node picks it without talking to the others. Node count comes from node.json.
-The agent (`trainer.agent`, gang mode) publishes the job it runs as an :class:`Assignment` object in
+The agent (`trainer.node.agent`, gang mode) publishes the job it runs as an :class:`Assignment` object in
 the bucket (:class:`Board`); the other nodes poll it and start their part with :meth:`Gang.launch_args`.
-By hand, `python -m trainer.rendezvous --job-id ID` prints this node's torchrun flags, for
-`torchrun $(python -m trainer.rendezvous --job-id ID) -m trainer train ...` on every node.
+By hand, `python -m trainer rendezvous --job-id ID` prints this node's torchrun flags, for
+`torchrun $(python -m trainer rendezvous --job-id ID) -m trainer train ...` on every node.
 """
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import logging
@@ -18,6 +17,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from trainer.errors import ArgumentParser
 
 log = logging.getLogger("gpufleet.rendezvous")
 
@@ -186,31 +187,21 @@ def wait_for_head(host: str, port: int = C10D_PORT, timeout_s: float = 300.0, po
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.rendezvous", description="Print this node's torchrun flags.")
+    p = ArgumentParser(prog="python -m trainer rendezvous", description="Print this node's torchrun flags.")
     p.add_argument("--job-id", required=True, help="the rendezvous id: the same on every node")
     p.add_argument("--node-json", default="/etc/gpufleet/node.json")
     p.add_argument("--port", type=int, default=C10D_PORT)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the nodes and the head")
     args = p.parse_args(argv)
-    import boto3
-
-    from trainer.imds import Imds
+    from trainer.node.platform import open_platform
 
     node = json.loads(Path(args.node_json).read_text())
-    region = node.get("region")
-    gang = discover(node["asg_name"], Imds().private_ip(), int(node["node_count"]),
-                    boto3.client("autoscaling", region_name=region), boto3.client("ec2", region_name=region),
-                    timeout_s=args.timeout)
-    if gang.node_rank:
-        wait_for_head(gang.head, args.port, timeout_s=args.timeout)
+    try:
+        gang = open_platform(node).form_gang(int(node["node_count"]), args.timeout)
+        if gang.node_rank:
+            wait_for_head(gang.head, args.port, timeout_s=args.timeout)
+    except RendezvousError as exc:  # the gang cannot form or the head is out of reach: one line, exit 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(" ".join(gang.torchrun_args(args.job_id, args.port)))
     return 0
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except RendezvousError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)

@@ -7,7 +7,7 @@ message back at once and complete the terminate lifecycle action; failed -> leav
 redelivery and the dead-letter queue. An invalid job is logged and left for the dead-letter queue.
 
 Gang mode (node.json "mode": "gang"; every node of the group runs the agent): the nodes form the gang
-from the autoscaling group (trainer.rendezvous: head = lowest private IP). Only the head receives; it
+from the autoscaling group (trainer.node.rendezvous: head = lowest private IP). Only the head receives; it
 publishes the job as s3://<bucket>/gang/assignment.json and runs node rank 0; the others poll that
 object and run their node rank, torchrun's store on the head. The head heartbeats, deletes or hands
 back the message and clears the assignment; a node that got a stop notice completes its own
@@ -30,8 +30,9 @@ from pathlib import Path
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
-from trainer.jobqueue import Job, JobQueue, Message, open_queue, parse_job
-from trainer.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, discover, wait_for_head
+from trainer.jobs.queue import Job, JobQueue, Message, open_queue, parse_job
+from trainer.node.platform import Platform, open_platform
+from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -51,7 +52,7 @@ def default_checkpoint_uri(bucket: str, job_id: str) -> str:
 
 def job_args(job: Job, bucket: str, metrics_path: str) -> tuple[list[str], str, str]:
     """The job's train flags with the agent's defaults: (args, checkpoint URI, metrics file)."""
-    from trainer.config import TrainConfig, parse_args
+    from trainer.loop.config import TrainConfig, parse_args
 
     cfg = parse_args(job.args)
     args = list(job.args)
@@ -66,16 +67,16 @@ def job_args(job: Job, bucket: str, metrics_path: str) -> tuple[list[str], str, 
 
 
 def command(args: list[str], nproc: int) -> list[str]:
-    """torchrun (through trainer.launch, which keeps exit 75) over nproc GPUs; one plain process for 0."""
+    """torchrun (through trainer.node.launch, which keeps exit 75) over nproc GPUs; one plain process for 0."""
     if nproc == 0:
         return [sys.executable, "-m", "trainer", "train", *args]
-    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
+    return [sys.executable, "-m", "trainer.node.launch", "--standalone", "--nproc-per-node", str(nproc),
             "-m", "trainer", "train", *args]
 
 
 def gang_command(args: list[str], gang: Gang, run_id: str, port: int, nproc: int, timeout_s: float) -> list[str]:
-    """This node's part of a gang job: torchrun (through trainer.launch) with its node rank."""
-    return [sys.executable, "-m", "trainer.launch", *gang.launch_args(run_id, port, timeout_s),
+    """This node's part of a gang job: torchrun (through trainer.node.launch) with its node rank."""
+    return [sys.executable, "-m", "trainer.node.launch", *gang.launch_args(run_id, port, timeout_s),
             "--nproc-per-node", str(nproc), "-m", "trainer", "train", *args]
 
 
@@ -109,71 +110,6 @@ def children(pid: int) -> list[int]:
 def _die_with_parent() -> None:
     """In the child: get SIGTERM if the agent dies (even by SIGKILL), so the job checkpoints and stops."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Group:
-    """This instance in its autoscaling group: scale-in protection, lifecycle actions. No-ops off EC2."""
-
-    def __init__(self, node: dict, imds, autoscaling=None):
-        from trainer.imds import ImdsUnavailable
-
-        self.node, self.imds = node, imds
-        self.instance_id = self.asg = None
-        if node.get("cloud") == "azure":
-            return  # the scale set's own eviction path: Scheduled Events (see Agent.going_away)
-        try:
-            self.instance_id = imds.instance_id()
-        except ImdsUnavailable:
-            log.info("not on EC2 (no instance metadata): no scale-in protection or lifecycle actions")
-            return
-        if autoscaling is None:
-            import boto3
-
-            autoscaling = boto3.client("autoscaling", region_name=node.get("region") or imds.region())
-        self.autoscaling = autoscaling
-        self.asg = node.get("asg_name") or next(iter(
-            i["AutoScalingGroupName"] for i in autoscaling.describe_auto_scaling_instances(
-                InstanceIds=[self.instance_id])["AutoScalingInstances"]), None)
-        if not self.asg:
-            log.info("instance %s is in no autoscaling group: no scale-in protection or lifecycle actions",
-                     self.instance_id)
-
-    def protect(self, on: bool) -> None:
-        if not self.asg:
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            self.autoscaling.set_instance_protection(
-                InstanceIds=[self.instance_id], AutoScalingGroupName=self.asg, ProtectedFromScaleIn=on)
-        except ClientError as exc:
-            log.warning("scale-in protection %s for %s failed: %s", "on" if on else "off", self.instance_id, exc)
-
-    def going_away(self) -> str | None:
-        """Why this instance is about to stop (spot action, lifecycle Terminated), or None."""
-        if not self.instance_id:
-            return None
-        from trainer.imds import LIFECYCLE, SPOT_ACTION, ImdsUnavailable, interruption
-
-        try:
-            return interruption(self.imds.get(SPOT_ACTION), self.imds.get(LIFECYCLE))
-        except ImdsUnavailable:
-            return None
-
-    def complete_termination(self) -> None:
-        """Let the terminate lifecycle hook continue: this node's checkpoint is safe."""
-        hook = self.node.get("terminate_hook")
-        if not (self.asg and hook):
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            self.autoscaling.complete_lifecycle_action(
-                LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
-                LifecycleActionResult="CONTINUE")
-            log.info("terminate hook %s: CONTINUE", hook)
-        except ClientError as exc:  # e.g. a spot interruption that the group has not started terminating yet
-            log.warning("terminate hook %s not completed: %s", hook, exc)
 
 
 class Heartbeat:
@@ -215,19 +151,18 @@ class Heartbeat:
 class Agent:
     def __init__(self, queue: JobQueue, bucket: str, node: dict, work_dir: str | os.PathLike,
                  visibility_s: int = 600, wait_s: int = 20, nproc: int | None = None,
-                 imds=None, autoscaling=None, emitter=None, emf_interval_s: float = 60.0):
-        from trainer.emf import Emitter
-        from trainer.imds import Imds
+                 platform: Platform | None = None, emitter=None, emf_interval_s: float = 60.0):
+        from trainer.node.emf import Emitter
 
         self.queue, self.bucket, self.node = queue, bucket, node
         self.work_dir = Path(work_dir)
         self.visibility_s, self.wait_s = visibility_s, wait_s
         if nproc is None:
-            from trainer.preflight import HostProbe
+            from trainer.node.preflight import HostProbe
 
             nproc = HostProbe().gpu_count()
         self.nproc = nproc
-        self.group = Group(node, imds or Imds(), autoscaling)
+        self.platform = platform or open_platform(node)
         namespace = node.get("metric_namespace") or f"gpufleet/{node.get('stack', 'default')}"
         self.emitter = emitter or Emitter(namespace, sys.stdout)
         self.emf_interval_s = emf_interval_s
@@ -286,7 +221,7 @@ class Agent:
         log.info("job %s: claimed (message %s, receive %d)", job.job_id, msg.id, msg.receive_count)
         metrics_path = str(self.work_dir / "jobs" / job.job_id / "metrics.jsonl")
         args, uri, metrics = job_args(job, self.bucket, metrics_path)
-        self.group.protect(True)
+        self.platform.protect(True)
         heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit).start()
         tail = self._tail(metrics)
         try:
@@ -297,7 +232,7 @@ class Agent:
         rc = outcome(rc, self._stop_requested)
         if rc == EXIT_OK:
             self.queue.delete(msg)
-            self.group.protect(False)
+            self.platform.protect(False)
             log.info("job %s: done; message deleted", job.job_id)
             return EXIT_OK
         if rc == EXIT_PREEMPTED:
@@ -307,38 +242,21 @@ class Agent:
             log.info("job %s: stopped after a checkpoint; message handed back (%d steps lost)", job.job_id, lost)
             self.settle(preempted=True)
             return EXIT_PREEMPTED
-        self.group.protect(False)
+        self.platform.protect(False)
         log.error("job %s: failed with exit status %d (receive %d); left for redelivery and the dead-letter queue",
                   job.job_id, rc, msg.receive_count)
         return EXIT_FAILED
 
     def going_away(self) -> str | None:
         """Why this node is about to stop (AWS: IMDS; Azure: Scheduled Events), or None."""
-        if self.node.get("cloud") != "azure":
-            return self.group.going_away()
-        from trainer.azure_events import MetadataUnavailable, ScheduledEvents
-
-        try:
-            events = ScheduledEvents().stopping()
-        except MetadataUnavailable:
-            return None
-        return f"azure {events[0]['EventType']}" if events else None
+        return self.platform.going_away()
 
     def settle(self, preempted: bool) -> None:
         """After a job: a preempted node that is going away lets the platform stop it; otherwise drop protection."""
         if preempted and self.going_away():
-            self.let_go()
+            self.platform.let_go()
         else:
-            self.group.protect(False)
-
-    def let_go(self) -> None:
-        """The checkpoint is safe and the message handed back: let the platform stop this node now."""
-        if self.node.get("cloud") == "azure":
-            from trainer.azure_events import approve_stop_events
-
-            approve_stop_events()
-        else:
-            self.group.complete_termination()
+            self.platform.protect(False)
 
     def launch(self, job: Job, args: list[str]) -> int:
         return self.run(command(args, self.nproc))
@@ -382,7 +300,7 @@ class Agent:
         return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
     def _tail(self, metrics: str):
-        from trainer.emf import MetricsTail
+        from trainer.node.emf import MetricsTail
 
         tail = MetricsTail(metrics, self.emitter, self.emf_interval_s)
         path = Path(metrics)
@@ -391,8 +309,8 @@ class Agent:
 
     def _steps_lost(self, uri: str, last_step: int | None) -> int:
         """Steps done after the newest checkpoint: they are done again on resume."""
-        from trainer.checkpoint import Checkpointer
-        from trainer.storage import open_store
+        from trainer.loop.checkpoint import Checkpointer
+        from trainer.loop.storage import open_store
 
         saved = Checkpointer(open_store(uri), keep=1).steps()
         return max(0, (last_step or 0) - (saved[0] if saved else 0))
@@ -402,33 +320,17 @@ class GangAgent(Agent):
     """Gang mode: every node runs this; the head takes jobs from the queue, the others follow its assignment."""
 
     def __init__(self, queue: JobQueue, bucket: str, node: dict, work_dir: str | os.PathLike, board: Board,
-                 port: int = C10D_PORT, gang_timeout_s: float = 600.0, poll_s: float = GANG_POLL_S,
-                 ec2=None, **kw):
+                 port: int = C10D_PORT, gang_timeout_s: float = 600.0, poll_s: float = GANG_POLL_S, **kw):
         super().__init__(queue, bucket, node, work_dir, **kw)
         self.nproc = max(1, self.nproc)  # always torchrun: one CPU process without GPUs
         self.board, self.port, self.gang_timeout_s, self.poll_s = board, port, gang_timeout_s, poll_s
-        self.ec2 = ec2
         self.gang: Gang | None = None
         self._seen: set[str] = set()  # generations this node has run or ignored
         self._led = False  # whether this agent has acted as the head yet
 
     def discover(self) -> Gang:
-        """This node's gang: waits (up to the gang timeout) until node_count instances are InService."""
-        from trainer.imds import ImdsUnavailable
-
-        if not self.group.asg:
-            raise RendezvousError("gang: this node is not an instance of an autoscaling group (no instance "
-                                  "metadata or no group): gang mode forms the gang from the group")
-        try:
-            my_ip = self.group.imds.private_ip()
-        except ImdsUnavailable as exc:
-            raise RendezvousError(f"gang: no private IP from the instance metadata ({exc})") from None
-        if self.ec2 is None:
-            import boto3
-
-            self.ec2 = boto3.client("ec2", region_name=self.node.get("region"))
-        return discover(self.group.asg, my_ip, int(self.node["node_count"]), self.group.autoscaling, self.ec2,
-                        timeout_s=self.gang_timeout_s)
+        """This node's gang: waits (up to the gang timeout) until node_count instances are in service."""
+        return self.platform.form_gang(int(self.node["node_count"]), self.gang_timeout_s)
 
     def next_work(self) -> Message | Assignment | None:
         """Head: a message from the queue. Others: a new assignment for this gang within the wait."""
@@ -476,7 +378,7 @@ class GangAgent(Agent):
         wait_for_head(a.head, a.port, timeout_s=self.gang_timeout_s)
         metrics_path = str(self.work_dir / "jobs" / a.job_id / "metrics.jsonl")
         args, _, _ = job_args(Job(a.job_id, a.args), self.bucket, metrics_path)
-        self.group.protect(True)
+        self.platform.protect(True)
         rc = outcome(self.run(gang_command(args, self.gang, a.run_id, a.port, self.nproc, self.gang_timeout_s)),
                      self._stop_requested)
         self.settle(preempted=rc == EXIT_PREEMPTED)
@@ -529,11 +431,10 @@ def main(argv: list[str]) -> int:
                      visibility_s=args.visibility, wait_s=args.wait).serve(once=args.once)
     check_gang(node, args.node_json, bucket, args.rdzv_port, args.gang_timeout)
     queue = open_queue(queue_url, node.get("region"))
-    import boto3
-
-    board = Board(bucket, boto3.client("s3", region_name=node.get("region")))
-    agent = GangAgent(queue, bucket, node, args.work_dir, board, port=args.rdzv_port,
-                      gang_timeout_s=args.gang_timeout, visibility_s=args.visibility, wait_s=args.wait)
+    platform = open_platform(node)
+    agent = GangAgent(queue, bucket, node, args.work_dir, platform.board(bucket), port=args.rdzv_port,
+                      gang_timeout_s=args.gang_timeout, visibility_s=args.visibility, wait_s=args.wait,
+                      platform=platform)
     try:
         return agent.serve(once=args.once)
     except RendezvousError as exc:  # the gang cannot form or the head is out of reach: one line, exit 1

@@ -1,17 +1,18 @@
-"""Object stores for checkpoints: local directories and S3 (any S3-compatible endpoint via AWS_ENDPOINT_URL).
+"""Object stores for checkpoints: the Store interface, local directories, and the registry of the clouds' stores
+(trainer.clouds.<cloud>.open_store: S3 and any S3-compatible endpoint, Azure Blob).
 
 `open_store(uri)` picks the implementation; keys are relative to the URI's prefix and use "/".
 A missing key raises FileNotFoundError on every store.
 """
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+from trainer.clouds import adapter
 from trainer.errors import UsageError
 
 MiB = 1024 * 1024
@@ -111,90 +112,27 @@ class LocalStore(Store):
         return self._path(key).is_file()
 
 
-class S3Store(Store):
-    """s3://bucket/prefix through boto3: multipart transfers (TransferConfig) and botocore's standard retries."""
+# Object-store URIs of the clouds: scheme (or https host suffix) -> the trainer.clouds module that opens them.
+SCHEMES = {"s3": "aws", "az": "azure"}
+HTTPS_HOSTS = {".blob.core.windows.net": "azure"}
 
-    def __init__(self, bucket: str, prefix: str, *, client=None) -> None:
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
 
-        self.bucket = bucket
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.uri = f"s3://{bucket}/{self.prefix}"
-        self.client = client or boto3.client(
-            "s3", config=Config(retries={"mode": "standard", "total_max_attempts": 10}, max_pool_connections=32)
-        )
-        self.transfer = TransferConfig(
-            multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB, max_concurrency=16, use_threads=True
-        )
-
-    def _key(self, key: str) -> str:
-        return self.prefix + key
-
-    def _missing(self, exc: Exception) -> bool:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-        return code in ("404", "NoSuchKey", "NotFound")
-
-    def write_bytes(self, key: str, data: bytes) -> None:
-        self.client.upload_fileobj(io.BytesIO(data), self.bucket, self._key(key), Config=self.transfer)
-
-    def read_bytes(self, key: str) -> bytes:
-        buf = io.BytesIO()
-        self._download(key, buf)
-        return buf.getvalue()
-
-    def upload_file(self, key: str, path: str | os.PathLike) -> None:
-        self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
-
-    def download_file(self, key: str, path: str | os.PathLike) -> None:
-        with open(path, "wb") as out:
-            self._download(key, out)
-
-    def _download(self, key: str, fileobj) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.download_fileobj(self.bucket, self._key(key), fileobj, Config=self.transfer)
-        except ClientError as exc:
-            if self._missing(exc):
-                raise FileNotFoundError(f"{self.uri}{key}") from exc
-            raise
-
-    def list(self, prefix: str = "") -> list[str]:
-        keys = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
-        for page in pages:
-            keys.extend(obj["Key"][len(self.prefix):] for obj in page.get("Contents", []))
-        return sorted(keys)
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if self._missing(exc):
-                return False
-            raise
-        return True
+def store_cloud(uri: str) -> str | None:
+    """The cloud whose store serves ``uri``, or None for a local path."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme == "https":
+        return next((c for suffix, c in HTTPS_HOSTS.items() if (parsed.hostname or "").endswith(suffix)), None)
+    return SCHEMES.get(scheme)
 
 
 def open_store(uri: str) -> Store:
     """A store for a local path, file://, s3://bucket/prefix, az://container/prefix or an Azure blob https URL."""
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
-    if scheme == "s3":
-        if not parsed.netloc:
-            raise UsageError(f"checkpoint URI {uri!r}: missing bucket; expected s3://bucket/prefix")
-        return S3Store(parsed.netloc, parsed.path)
-    if scheme == "az" or (scheme == "https" and parsed.netloc.endswith(".blob.core.windows.net")):
-        from trainer.azure_blob import open_azure_store
-
-        return open_azure_store(uri)
+    cloud = store_cloud(uri)
+    if cloud:
+        return adapter(cloud).open_store(uri)
     if scheme == "file":
         return LocalStore(parsed.path)
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):

@@ -1,0 +1,38 @@
+"""One module per cloud: its object store, job queue, stop-notice watcher and node platform.
+
+Each implements interfaces that trainer.loop, trainer.node and trainer.jobs define; the core picks one
+through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
+cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
+``open_queue(url, region)``, ``start_watcher(notice, settings)`` and ``NodePlatform(node, **clients)``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+CLOUDS = ("aws", "azure")
+
+
+def adapter(cloud: str) -> ModuleType:
+    if cloud not in CLOUDS:
+        from trainer.errors import UsageError
+
+        raise UsageError(f"cloud {cloud!r} is not supported; expected one of {', '.join(CLOUDS)}")
+    return importlib.import_module(f"trainer.clouds.{cloud}")
+
+
+def node_cloud(settings: dict, environ=os.environ) -> str | None:
+    """The cloud whose metadata service this process may contact, or None (never contact one).
+
+    A cloud node's /etc/gpufleet/node.json names its cloud. Elsewhere only an explicit pointer counts:
+    botocore's ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (unless ``AWS_EC2_METADATA_DISABLED=true``) means AWS.
+    A laptop, CI or a test with neither sends nothing to a metadata address.
+    """
+    cloud = settings.get("cloud")
+    if cloud:
+        return cloud
+    if environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") and \
+            environ.get("AWS_EC2_METADATA_DISABLED", "").lower() != "true":
+        return "aws"
+    return None

@@ -1,0 +1,407 @@
+"""AWS: the S3 checkpoint store, the SQS job queue, the IMDSv2 client and interruption watcher, and the
+node platform (its autoscaling group: scale-in protection, lifecycle hooks, gang membership).
+
+The metadata base URL is botocore's own ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (default 169.254.169.254);
+``AWS_EC2_METADATA_DISABLED=true`` turns the client off, as it does botocore's. S3 and SQS follow boto3's
+own configuration (``AWS_ENDPOINT_URL`` points them at any compatible endpoint).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from trainer.errors import UsageError
+from trainer.jobs.queue import JobQueue, Message
+from trainer.loop.storage import MiB, Store
+from trainer.node.platform import Platform
+from trainer.node.rendezvous import Board, RendezvousError, discover
+
+log = logging.getLogger("gpufleet.imds")
+
+DEFAULT_ENDPOINT = "http://169.254.169.254/"
+TOKEN_TTL_S = 21600
+SPOT_ACTION = "meta-data/spot/instance-action"
+REBALANCE = "meta-data/events/recommendations/rebalance"
+LIFECYCLE = "meta-data/autoscaling/target-lifecycle-state"
+
+
+class ImdsUnavailable(Exception):
+    """No instance metadata service answers (not on EC2, disabled, or unreachable)."""
+
+
+class Imds:
+    """IMDSv2: a session token from PUT /latest/api/token, cached and renewed before it expires."""
+
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 1.0, token_ttl_s: int = TOKEN_TTL_S):
+        self.endpoint = (endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or DEFAULT_ENDPOINT)
+        self.base = self.endpoint.rstrip("/") + "/latest/"
+        self.disabled = os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true"
+        self.timeout_s = timeout_s
+        self.token_ttl_s = token_ttl_s
+        self._token: str | None = None
+        self._token_expires = 0.0
+        self._lock = threading.Lock()
+
+    def _open(self, req: urllib.request.Request) -> bytes:
+        if self.disabled:
+            raise ImdsUnavailable("instance metadata disabled by AWS_EC2_METADATA_DISABLED")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError) as exc:
+            raise ImdsUnavailable(f"no instance metadata service at {self.endpoint}: {exc}") from None
+
+    def token(self) -> str:
+        with self._lock:
+            # Renew early so that a token never expires between check and use.
+            margin = min(60.0, self.token_ttl_s / 2)
+            if self._token is None or time.monotonic() > self._token_expires - margin:
+                req = urllib.request.Request(
+                    self.base + "api/token", method="PUT",
+                    headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)})
+                try:
+                    self._token = self._open(req).decode()
+                except urllib.error.HTTPError as exc:
+                    raise ImdsUnavailable(f"IMDS token request refused: HTTP {exc.code}") from None
+                self._token_expires = time.monotonic() + self.token_ttl_s
+            return self._token
+
+    def get(self, path: str) -> str | None:
+        """GET /latest/<path>; None when the item does not exist (404)."""
+        for attempt in (1, 2):
+            req = urllib.request.Request(self.base + path, headers={"X-aws-ec2-metadata-token": self.token()})
+            try:
+                return self._open(req).decode()
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code == 401 and attempt == 1:
+                    with self._lock:
+                        self._token = None  # revoked or expired early: fetch a new one once
+                    continue
+                raise ImdsUnavailable(f"IMDS {path}: HTTP {exc.code}") from None
+        raise AssertionError("unreachable")
+
+    def available(self) -> bool:
+        try:
+            self.token()
+            return True
+        except ImdsUnavailable:
+            return False
+
+    def instance_id(self) -> str | None:
+        return self.get("meta-data/instance-id")
+
+    def instance_type(self) -> str | None:
+        return self.get("meta-data/instance-type")
+
+    def private_ip(self) -> str | None:
+        return self.get("meta-data/local-ipv4")
+
+    def region(self) -> str | None:
+        doc = self.get("dynamic/instance-identity/document")
+        return json.loads(doc)["region"] if doc else None
+
+
+def interruption(spot_action: str | None, lifecycle_state: str | None) -> str | None:
+    """The stop reason the metadata shows, or None.
+
+    A spot ``instance-action`` (terminate, stop or hibernate in about two minutes) and an autoscaling
+    target state of ``Terminated`` (scale-in or rebalancing reached this instance) both mean: stop now.
+    """
+    if spot_action:
+        try:
+            action = json.loads(spot_action)
+            return f"spot {action.get('action', 'interruption')} at {action.get('time', '?')}"
+        except ValueError:
+            return "spot interruption"
+    if lifecycle_state == "Terminated":
+        return "autoscaling lifecycle: Terminated"
+    return None
+
+
+class Watcher:
+    """Polls the three interruption items every ``interval_s`` and sets ``notice`` on the first one.
+
+    A rebalance recommendation is logged, not acted on: it is advice that may never turn into an
+    interruption, and when the group rebalances, the scale-in shows up as the lifecycle state.
+    """
+
+    def __init__(self, notice, imds: Imds | None = None, interval_s: float = 5.0, max_backoff_s: float = 300.0):
+        self.notice = notice
+        self.imds = imds or Imds()
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self.stopped = threading.Event()
+        self._rebalance_seen = False
+
+    def poll(self) -> str | None:
+        reason = interruption(self.imds.get(SPOT_ACTION), self.imds.get(LIFECYCLE))
+        if reason is None and not self._rebalance_seen and self.imds.get(REBALANCE):
+            self._rebalance_seen = True
+            log.warning("EC2 rebalance recommendation: interruption risk is elevated; continuing")
+        return reason
+
+    def run(self) -> None:
+        delay = self.interval_s
+        while not self.stopped.is_set() and not self.notice.is_set():
+            try:
+                reason = self.poll()
+            except ImdsUnavailable as exc:
+                if delay == self.interval_s:
+                    log.info("%s; retrying with backoff", exc)
+                delay = min(delay * 2, self.max_backoff_s)
+            else:
+                delay = self.interval_s
+                if reason:
+                    log.warning("stop notice: %s", reason)
+                    self.notice.set(reason)
+                    return
+            self.stopped.wait(delay)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="imds-watcher", daemon=True)
+        thread.start()
+        return thread
+
+
+def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> threading.Thread:
+    """The interruption watcher of this node (``settings``: node.json; unused here)."""
+    return Watcher(notice, interval_s=interval_s).start()
+
+
+# --- Checkpoint store: S3 ---------------------------------------------------------------------------
+
+class S3Store(Store):
+    """s3://bucket/prefix through boto3: multipart transfers (TransferConfig) and botocore's standard retries."""
+
+    def __init__(self, bucket: str, prefix: str, *, client=None) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        self.client = client or boto3.client(
+            "s3", config=Config(retries={"mode": "standard", "total_max_attempts": 10}, max_pool_connections=32)
+        )
+        self.transfer = TransferConfig(
+            multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB, max_concurrency=16, use_threads=True
+        )
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def _missing(self, exc: Exception) -> bool:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("404", "NoSuchKey", "NotFound")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.client.upload_fileobj(io.BytesIO(data), self.bucket, self._key(key), Config=self.transfer)
+
+    def read_bytes(self, key: str) -> bytes:
+        buf = io.BytesIO()
+        self._download(key, buf)
+        return buf.getvalue()
+
+    def upload_file(self, key: str, path: str | os.PathLike) -> None:
+        self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
+
+    def download_file(self, key: str, path: str | os.PathLike) -> None:
+        with open(path, "wb") as out:
+            self._download(key, out)
+
+    def _download(self, key: str, fileobj) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.download_fileobj(self.bucket, self._key(key), fileobj, Config=self.transfer)
+        except ClientError as exc:
+            if self._missing(exc):
+                raise FileNotFoundError(f"{self.uri}{key}") from exc
+            raise
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+        for page in pages:
+            keys.extend(obj["Key"][len(self.prefix):] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                return False
+            raise
+        return True
+
+
+def open_store(uri: str) -> S3Store:
+    """s3://bucket/prefix."""
+    parsed = urlparse(uri)
+    if not parsed.netloc:
+        raise UsageError(f"checkpoint URI {uri!r}: missing bucket; expected s3://bucket/prefix")
+    return S3Store(parsed.netloc, parsed.path)
+
+
+# --- Job queue: SQS ---------------------------------------------------------------------------------
+
+def sqs_region(url: str) -> str | None:
+    """The region in an SQS URL (https://sqs.<region>.amazonaws.com/...), or None for an emulator URL."""
+    m = re.match(r"(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com(?:\.cn)?$",
+                 urlparse(url).hostname or "")
+    return m.group(1) if m else None
+
+
+class SqsJobQueue(JobQueue):
+    def __init__(self, url: str, region: str | None = None):
+        import boto3
+
+        self.url = url
+        self.client = boto3.client("sqs", region_name=region or sqs_region(url))
+
+    def receive(self, wait_s: int) -> Message | None:
+        resp = self.client.receive_message(
+            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=wait_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"])
+        for m in resp.get("Messages", []):
+            return Message(m["MessageId"], m["Body"], m["ReceiptHandle"],
+                           int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)))
+        return None
+
+    def extend(self, msg: Message, visibility_s: int) -> None:
+        self.client.change_message_visibility(
+            QueueUrl=self.url, ReceiptHandle=msg.receipt, VisibilityTimeout=int(visibility_s))
+
+    def delete(self, msg: Message) -> None:
+        self.client.delete_message(QueueUrl=self.url, ReceiptHandle=msg.receipt)
+
+    def send(self, body: str) -> str:
+        return self.client.send_message(QueueUrl=self.url, MessageBody=body)["MessageId"]
+
+
+def open_queue(url: str, region: str | None = None) -> SqsJobQueue:
+    return SqsJobQueue(url, region)
+
+
+# --- Node platform: the autoscaling group ----------------------------------------------------------
+
+class NodePlatform(Platform):
+    """This instance in its autoscaling group: scale-in protection, lifecycle hooks, the gang. Clients are
+    made on first use from the node's region unless given (tests pass clients of a moto server)."""
+
+    name = "aws"
+
+    def __init__(self, node: dict, imds: Imds | None = None, autoscaling=None, ec2=None, s3=None):
+        self.node, self.imds = node, imds or Imds()
+        self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3}
+        self.instance_id = self.asg = None
+        try:
+            self.instance_id = self.imds.instance_id()
+        except ImdsUnavailable:
+            log.info("no instance metadata: no scale-in protection or lifecycle actions")
+            return
+        self.asg = node.get("asg_name") or next(iter(
+            i["AutoScalingGroupName"] for i in self.client("autoscaling").describe_auto_scaling_instances(
+                InstanceIds=[self.instance_id])["AutoScalingInstances"]), None)
+        if not self.asg:
+            log.info("instance %s is in no autoscaling group: no scale-in protection or lifecycle actions",
+                     self.instance_id)
+
+    def client(self, service: str):
+        if self._clients[service] is None:
+            import boto3
+
+            region = self.node.get("region") or (self.imds.region() if self.instance_id else None)
+            self._clients[service] = boto3.client(service, region_name=region)
+        return self._clients[service]
+
+    def protect(self, on: bool) -> None:
+        if not self.asg:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("autoscaling").set_instance_protection(
+                InstanceIds=[self.instance_id], AutoScalingGroupName=self.asg, ProtectedFromScaleIn=on)
+        except ClientError as exc:
+            log.warning("scale-in protection %s for %s failed: %s", "on" if on else "off", self.instance_id, exc)
+
+    def going_away(self) -> str | None:
+        """A spot instance-action or the lifecycle target state Terminated, or None."""
+        if not self.instance_id:
+            return None
+        try:
+            return interruption(self.imds.get(SPOT_ACTION), self.imds.get(LIFECYCLE))
+        except ImdsUnavailable:
+            return None
+
+    def let_go(self) -> None:
+        """Let the terminate lifecycle hook continue: this node's checkpoint is safe."""
+        hook = self.node.get("terminate_hook")
+        if not (self.asg and hook):
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("autoscaling").complete_lifecycle_action(
+                LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
+                LifecycleActionResult="CONTINUE")
+            log.info("terminate hook %s: CONTINUE", hook)
+        except ClientError as exc:  # e.g. a spot interruption that the group has not started terminating yet
+            log.warning("terminate hook %s not completed: %s", hook, exc)
+
+    def instance_type(self) -> str | None:
+        try:
+            return self.imds.instance_type()
+        except ImdsUnavailable:
+            return None
+
+    def report_launch(self, ok: bool) -> str:
+        """Complete the launch hook (CONTINUE/ABANDON); a failed node is also marked Unhealthy."""
+        if not self.instance_id:
+            return "not on EC2: no lifecycle hook to complete"
+        autoscaling = self.client("autoscaling")
+        if not ok:
+            autoscaling.set_instance_health(InstanceId=self.instance_id, HealthStatus="Unhealthy",
+                                            ShouldRespectGracePeriod=False)
+        hook = self.node.get("launch_hook")
+        if not (self.asg and hook):
+            return "marked Unhealthy" if not ok else "no launch hook to complete"
+        autoscaling.complete_lifecycle_action(
+            LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
+            LifecycleActionResult="CONTINUE" if ok else "ABANDON")
+        return f"launch hook {hook}: {'CONTINUE' if ok else 'ABANDON'}"
+
+    def form_gang(self, nnodes: int, timeout_s: float):
+        """The gang of the group's first ``nnodes`` InService instances (head: lowest private IP)."""
+        if not self.asg:
+            raise RendezvousError("gang: this node is not an instance of an autoscaling group (no instance "
+                                  "metadata or no group): gang mode forms the gang from the group")
+        try:
+            my_ip = self.imds.private_ip()
+        except ImdsUnavailable as exc:
+            raise RendezvousError(f"gang: no private IP from the instance metadata ({exc})") from None
+        return discover(self.asg, my_ip, nnodes, self.client("autoscaling"), self.client("ec2"),
+                        timeout_s=timeout_s)
+
+    def board(self, bucket: str):
+        return Board(bucket, self.client("s3"))

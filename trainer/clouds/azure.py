@@ -1,0 +1,406 @@
+"""Azure: Blob checkpoint store, Storage-queue job queue, Scheduled Events stop notices, node platform.
+
+Credentials and endpoints come from the standard variables only:
+- ``AZURE_STORAGE_CONNECTION_STRING`` (the SDKs' and CLI's own): when it names the same account as the
+  URL (or the URL names none, as az:// does), its endpoints and key win. This points the adapters at
+  Azurite, as ``AWS_ENDPOINT_URL`` points boto3 at moto.
+- Otherwise ``DefaultAzureCredential``: on a node the user-assigned managed identity, selected by
+  ``AZURE_CLIENT_ID`` (its client id, from node.json). The accounts refuse shared keys.
+- ``AZURE_STORAGE_ACCOUNT`` (the CLI's own) names the account for az:// URIs.
+
+Blob store (``az://container/prefix`` or ``https://<account>.blob.core.windows.net/<container>/<prefix>``):
+a blob upload commits at once (single put or block-list commit), so readers never see half a blob.
+Large files go up and down in parallel blocks; azure-core retries transient errors with backoff.
+
+Job queue (``https://<account>.queue.core.windows.net/<queue>``), differences from SQS handled here:
+- No long polling: ``receive`` polls until ``wait_s`` has passed.
+- Every update of a message (extend, release) returns a new pop receipt and voids the old one; the
+  queue keeps the current receipt per message id, so callers can go on using the Message they got.
+- No dead-letter queue: a message delivered more than ``max_deliveries`` times is moved to
+  ``<queue>-poison`` (as Azure Functions does) instead of being handed out again.
+- No cap on time in flight (each update may hide a message for up to 7 days), and messages are sent
+  without expiry (the default time-to-live would drop a job that waits 7 days).
+Message bodies are base64-encoded text, the encoding Azure Functions and the portal use.
+
+Scheduled Events: ``GET {base}/metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``
+(base http://169.254.169.254, a parameter). Approval is ``POST`` ``{"StartRequests": [{"EventId"}]}``.
+The watcher never approves: approval starts the eviction at once, so it is the last step of the
+node's stop path (``approve_stop_events``), as completing the lifecycle action is on AWS. Events
+nobody approves still happen at their NotBefore time. Off Azure nothing answers: the watcher backs
+off up to ``max_backoff_s`` and logs once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from trainer.errors import UsageError
+from trainer.jobs.queue import JobQueue, Message
+from trainer.loop.storage import MiB, Store
+from trainer.node.platform import Platform
+
+# --- Credentials and endpoints --------------------------------------------------------------------
+
+log = logging.getLogger("gpufleet.azure")
+
+# The SDKs log every HTTP request at INFO; the trainer logs at INFO.
+logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+
+CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
+ACCOUNT = "AZURE_STORAGE_ACCOUNT"
+
+
+def connection_settings(conn: str) -> dict[str, str]:
+    """`Key=Value;...` -> {Key: Value} (values may contain '=')."""
+    pairs = (part.split("=", 1) for part in conn.split(";") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def connection_string(account: str | None) -> str | None:
+    """The connection string from the environment when it serves `account` (None: any account)."""
+    conn = os.environ.get(CONNECTION_STRING)
+    if not conn:
+        return None
+    if account is None or connection_settings(conn).get("AccountName") == account:
+        return conn
+    return None
+
+
+def default_account() -> str | None:
+    conn = os.environ.get(CONNECTION_STRING)
+    if conn:
+        return connection_settings(conn).get("AccountName")
+    return os.environ.get(ACCOUNT) or None
+
+
+def credential():
+    from azure.identity import DefaultAzureCredential
+
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
+
+
+# --- Checkpoint store: Blob Storage ---------------------------------------------------------------
+
+BLOB_HOST = ".blob.core.windows.net"
+CONCURRENCY = 8
+
+
+def parse_uri(uri: str) -> tuple[str | None, str, str]:
+    """(account or None for az://, container, prefix ending in '/' or '')."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "az":
+        account, container, path = None, parsed.netloc, parsed.path
+    elif parsed.scheme == "https" and (parsed.hostname or "").endswith(BLOB_HOST):
+        account = parsed.hostname[: -len(BLOB_HOST)]
+        container, _, path = parsed.path.lstrip("/").partition("/")
+    else:
+        raise UsageError(f"checkpoint URI {uri!r}: expected az://container/prefix or "
+                         f"https://<account>{BLOB_HOST}/<container>/<prefix>")
+    if not container:
+        raise UsageError(f"checkpoint URI {uri!r}: missing container")
+    prefix = path.strip("/")
+    return account, container, prefix + "/" if prefix else ""
+
+
+class AzureBlobStore(Store):
+    def __init__(self, container_client, prefix: str, uri: str) -> None:
+        self.container = container_client
+        self.prefix = prefix
+        self.uri = uri
+
+    def _name(self, key: str) -> str:
+        return self.prefix + key
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self.container.upload_blob(self._name(key), data, overwrite=True, max_concurrency=CONCURRENCY)
+
+    def read_bytes(self, key: str) -> bytes:
+        return self._download(key).readall()
+
+    def upload_file(self, key: str, path: str | os.PathLike) -> None:
+        with open(path, "rb") as src:
+            self.container.upload_blob(self._name(key), src, overwrite=True, max_concurrency=CONCURRENCY)
+
+    def download_file(self, key: str, path: str | os.PathLike) -> None:
+        stream = self._download(key)  # raises before the target file is touched
+        with open(path, "wb") as out:
+            stream.readinto(out)
+
+    def _download(self, key: str):
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            return self.container.download_blob(self._name(key), max_concurrency=CONCURRENCY)
+        except ResourceNotFoundError as exc:
+            raise FileNotFoundError(f"{self.uri}{key}") from exc
+
+    def list(self, prefix: str = "") -> list[str]:
+        names = self.container.list_blob_names(name_starts_with=self._name(prefix))
+        return sorted(name[len(self.prefix):] for name in names)
+
+    def delete(self, key: str) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self.container.delete_blob(self._name(key))
+        except ResourceNotFoundError:
+            pass
+
+    def exists(self, key: str) -> bool:
+        return self.container.get_blob_client(self._name(key)).exists()
+
+
+def open_store(uri: str) -> AzureBlobStore:
+    from azure.storage.blob import BlobServiceClient
+
+    account, container, prefix = parse_uri(uri)
+    options = {"max_block_size": 8 * MiB, "max_single_put_size": 16 * MiB, "max_chunk_get_size": 8 * MiB}
+    conn = connection_string(account)
+    if conn:
+        service = BlobServiceClient.from_connection_string(conn, **options)
+    else:
+        account = account or default_account()
+        if not account:
+            raise UsageError(f"checkpoint URI {uri!r}: az:// needs the storage account in AZURE_STORAGE_ACCOUNT "
+                             "(or AZURE_STORAGE_CONNECTION_STRING)")
+        service = BlobServiceClient(f"https://{account}{BLOB_HOST}", credential=credential(), **options)
+    return AzureBlobStore(service.get_container_client(container), prefix, uri.rstrip("/") + "/")
+
+
+# --- Job queue: Storage queues --------------------------------------------------------------------
+
+QUEUE_HOST = ".queue.core.windows.net"
+MAX_DELIVERIES = 5       # Azure Functions' default maxDequeueCount
+VISIBILITY_S = 600       # lease given on receive; the agent extends it while the job runs
+POLL_S = 2.0
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(account, queue) from https://<account>.queue.core.windows.net/<queue>."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    queue = parsed.path.strip("/")
+    if parsed.scheme != "https" or not host.endswith(QUEUE_HOST) or not queue or "/" in queue:
+        raise UsageError(f"--queue-url: {url!r} is not an Azure Storage queue URL "
+                         f"(https://<account>{QUEUE_HOST}/<queue>)")
+    return host[: -len(QUEUE_HOST)], queue
+
+
+def _client(account: str, queue: str):
+    from azure.storage.queue import QueueClient, TextBase64DecodePolicy, TextBase64EncodePolicy
+
+    policies = {"message_encode_policy": TextBase64EncodePolicy(),
+                "message_decode_policy": TextBase64DecodePolicy()}
+    conn = connection_string(account)
+    if conn:
+        return QueueClient.from_connection_string(conn, queue, **policies)
+    return QueueClient(f"https://{account}{QUEUE_HOST}", queue, credential=credential(), **policies)
+
+
+class AzureJobQueue(JobQueue):
+    max_in_flight_s = 10 * 365 * 86400.0  # no limit; finite for the agent's arithmetic
+
+    def __init__(self, url: str, *, visibility_s: int = VISIBILITY_S, max_deliveries: int = MAX_DELIVERIES,
+                 poll_s: float = POLL_S):
+        account, name = parse_url(url)
+        self.url = url
+        self.client = _client(account, name)
+        self.poison = _client(account, f"{name}-poison")
+        self.visibility_s = visibility_s
+        self.max_deliveries = max_deliveries
+        self.poll_s = poll_s
+        self._receipts: dict[str, str] = {}  # message id -> current pop receipt
+        self._lock = threading.Lock()
+
+    def receive(self, wait_s: int) -> Message | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            m = self.client.receive_message(visibility_timeout=self.visibility_s)
+            if m is not None and m.dequeue_count > self.max_deliveries:
+                self._to_poison(m)
+                continue
+            if m is not None:
+                with self._lock:
+                    self._receipts[m.id] = m.pop_receipt
+                return Message(m.id, m.content, m.pop_receipt, m.dequeue_count)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(self.poll_s, left))
+
+    def _to_poison(self, m) -> None:
+        log.warning("message %s delivered %d times (max %d): moved to the poison queue",
+                    m.id, m.dequeue_count, self.max_deliveries)
+        self.poison.send_message(m.content)
+        self.client.delete_message(m.id, m.pop_receipt)
+
+    def extend(self, msg: Message, visibility_s: int) -> None:
+        with self._lock:
+            receipt = self._receipts.get(msg.id, msg.receipt)
+            updated = self.client.update_message(msg.id, pop_receipt=receipt, visibility_timeout=int(visibility_s))
+            self._receipts[msg.id] = updated.pop_receipt
+
+    def release(self, msg: Message) -> None:
+        self.extend(msg, 0)
+        with self._lock:
+            self._receipts.pop(msg.id, None)  # visible again: the next receive gets a new receipt
+
+    def delete(self, msg: Message) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        with self._lock:
+            receipt = self._receipts.pop(msg.id, msg.receipt)
+            try:
+                self.client.delete_message(msg.id, receipt)
+            except ResourceNotFoundError:
+                pass  # already deleted
+
+    def send(self, body: str) -> str:
+        return self.client.send_message(body, time_to_live=-1).id
+
+
+# --- Stop notices: Scheduled Events ---------------------------------------------------------------
+
+DEFAULT_BASE = "http://169.254.169.254"
+EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
+VM_NAME = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+# Preempt: spot eviction (>= 30 s notice). Terminate: scale-in or delete (terminateNotificationProfile).
+# Reboot/Redeploy: planned maintenance that kills the process. Freeze (a pause of seconds) is ignored.
+STOP_EVENTS = frozenset({"Preempt", "Terminate", "Reboot", "Redeploy"})
+
+
+class MetadataUnavailable(Exception):
+    """No Azure instance metadata service answers here."""
+
+
+def stop_events(document: dict, vm_name: str | None) -> list[dict]:
+    """The events of a Scheduled Events document that stop this VM (every stopping one if the name is unknown)."""
+    return [e for e in document.get("Events", [])
+            if e.get("EventType") in STOP_EVENTS and (vm_name is None or vm_name in e.get("Resources", []))]
+
+
+class ScheduledEvents:
+    """The metadata endpoints, over a proxy-free opener (the metadata service must never be proxied)."""
+
+    def __init__(self, base_url: str = DEFAULT_BASE, timeout_s: float = 5.0):
+        self.base = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._vm_name: str | None = None
+
+    def _request(self, path: str, body: dict | None = None) -> bytes:
+        req = urllib.request.Request(f"{self.base}{path}", headers={"Metadata": "true"})
+        if body is not None:
+            req.data = json.dumps(body).encode()
+            req.add_header("Content-Type", "application/json")
+        try:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            raise MetadataUnavailable(f"{path}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise MetadataUnavailable(f"no Azure metadata service at {self.base}: {exc}") from None
+
+    def vm_name(self) -> str:
+        if self._vm_name is None:
+            self._vm_name = self._request(VM_NAME).decode().strip()
+        return self._vm_name
+
+    def stopping(self) -> list[dict]:
+        """This VM's stopping events now listed."""
+        return stop_events(json.loads(self._request(EVENTS)), self.vm_name() or None)
+
+    def approve(self, event_ids: list[str]) -> None:
+        self._request(EVENTS, {"StartRequests": [{"EventId": i} for i in event_ids]})
+
+
+def approve_stop_events(base_url: str = DEFAULT_BASE) -> list[str]:
+    """Approve this VM's scheduled stopping events (Azure may then proceed at once); their ids.
+
+    Call it last, once the checkpoint is safe and the job handed back. Off Azure: nothing, [].
+    """
+    events = ScheduledEvents(base_url)
+    try:
+        ids = [e["EventId"] for e in events.stopping() if e.get("EventStatus", "Scheduled") == "Scheduled"]
+        if ids:
+            events.approve(ids)
+            log.info("approved scheduled events %s", ", ".join(ids))
+        return ids
+    except MetadataUnavailable as exc:
+        log.info("no scheduled events approved: %s", exc)
+        return []
+
+
+class ScheduledEventsWatcher(threading.Thread):
+    """Polls every ``interval_s`` and sets ``notice`` on the first stopping event of this VM."""
+
+    def __init__(self, notice, base_url: str = DEFAULT_BASE, interval_s: float = 2.0, max_backoff_s: float = 300.0):
+        super().__init__(name="azure-scheduled-events", daemon=True)
+        self.notice = notice
+        self.events = ScheduledEvents(base_url)
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self.stopped = threading.Event()
+
+    def poll(self) -> list[dict]:
+        """Read the events once; set the notice if one stops this VM; return those events."""
+        events = self.events.stopping()
+        if events and not self.notice.is_set():
+            first = events[0]
+            reason = f"azure {first['EventType']} not before {first.get('NotBefore') or 'now'}"
+            log.warning("stop notice: %s", reason)
+            self.notice.set(reason)
+        return events
+
+    def run(self) -> None:
+        delay = self.interval_s
+        while not self.stopped.is_set():
+            try:
+                self.poll()
+            except MetadataUnavailable as exc:
+                if delay == self.interval_s:
+                    log.info("%s; retrying with backoff", exc)
+                delay = min(delay * 2, self.max_backoff_s)
+            else:
+                delay = self.interval_s
+            self.stopped.wait(delay)
+
+
+def start_watcher(notice, settings: dict, base_url: str = DEFAULT_BASE, interval_s: float = 2.0) -> ScheduledEventsWatcher:
+    """Start the watcher (``settings``, node.json, is part of the ``trainer.loop.notices`` contract; unused here)."""
+    watcher = ScheduledEventsWatcher(notice, base_url=base_url, interval_s=interval_s)
+    watcher.start()
+    return watcher
+
+
+def open_queue(url: str, region: str | None = None) -> AzureJobQueue:
+    return AzureJobQueue(url)
+
+
+# --- Node platform: the scale set ------------------------------------------------------------------
+
+class NodePlatform(Platform):
+    """A scale-set VM: evictions come from Scheduled Events; approving them lets Azure go ahead. The scale
+    set has no per-instance scale-in protection here and gang mode is not run on Azure."""
+
+    name = "azure"
+
+    def __init__(self, node: dict, base_url: str = DEFAULT_BASE):
+        self.node, self.base_url = node, base_url
+
+    def going_away(self) -> str | None:
+        try:
+            events = ScheduledEvents(self.base_url).stopping()
+        except MetadataUnavailable:
+            return None
+        return f"azure {events[0]['EventType']}" if events else None
+
+    def let_go(self) -> None:
+        approve_stop_events(self.base_url)
+

@@ -1,0 +1,1 @@
+"""Jobs: the queue interface, job messages and submit."""

@@ -1,0 +1,52 @@
+"""The machine the agent runs on, as the agent needs it: scale-in protection, whether it is going away,
+letting the platform stop it, the launch check's verdict, and forming a gang.
+
+The base class is a machine of no cloud (a laptop, CI): nothing to protect, never going away, no gang.
+Each cloud module in trainer.clouds subclasses it; :func:`open_platform` picks one through the registry.
+"""
+from __future__ import annotations
+
+import logging
+
+from trainer.clouds import adapter, node_cloud
+from trainer.node.rendezvous import RendezvousError
+
+log = logging.getLogger("gpufleet.platform")
+
+
+class Platform:
+    name = "local"
+
+    def protect(self, on: bool) -> None:
+        """Protect this node from scale-in while a job runs on it (on) or stop protecting it (off)."""
+
+    def going_away(self) -> str | None:
+        """Why this node is about to stop (a spot notice, a scale-in), or None."""
+        return None
+
+    def let_go(self) -> None:
+        """The checkpoint is safe and the message handed back: let the platform stop this node now."""
+
+    def instance_type(self) -> str | None:
+        """This node's instance type from the platform, or None when it cannot tell."""
+        return None
+
+    def report_launch(self, ok: bool) -> str:
+        """Tell the platform whether this node passed its launch checks; a line saying what was done."""
+        return "not on a cloud node: no lifecycle hook to complete"
+
+    def form_gang(self, nnodes: int, timeout_s: float):
+        """This node's gang (trainer.node.rendezvous.Gang) once ``nnodes`` nodes are in service."""
+        raise RendezvousError(f"gang mode needs a cloud node in a group; this is a {self.name} machine")
+
+    def board(self, bucket: str):
+        """The gang's assignment board (trainer.node.rendezvous.Board) in the cluster's bucket."""
+        raise RendezvousError(f"gang mode needs a cloud node in a group; this is a {self.name} machine")
+
+
+def open_platform(node: dict, **clients) -> Platform:
+    """The platform of this node: its cloud's (node.json names it) or the base one off any cloud."""
+    cloud = node_cloud(node)
+    if cloud is None:
+        return Platform()
+    return adapter(cloud).NodePlatform(node, **clients)
