@@ -19,7 +19,7 @@ from infra import catalog
 
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
-        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "sshPublicKey")
+        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "alerts", "sshPublicKey")
 REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location"}
 
 EU_REGIONS = {
@@ -79,6 +79,23 @@ _AZURE_IMAGE = re.compile(
 _TAG_KEY = re.compile(r"^[\w .:/=+\-@]{1,128}$")
 _TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{0,256}$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_HTTPS_URL = re.compile(r"^https://[^\s/?#]+\.[^\s/?#]+(/\S*)?$")
+ALERTS_NOBODY = "alerts reach nobody: set gpufleet:alertEmails (or gpufleet:alerts for HTTPS endpoints and chat webhooks)"
+
+
+class Alert(_Frozen):
+    """One recipient of alarms and budget alerts: exactly one of its fields."""
+    email: Optional[str] = None
+    https: Optional[str] = None     # an endpoint that confirms SNS subscriptions (paging and incident tools)
+    chat: Optional[str] = None      # a chat incoming-webhook URL (Slack, Teams, Google Chat, Mattermost)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("email", "https", "chat") if getattr(self, k) is not None)
+
+    @property
+    def endpoint(self) -> str:
+        return getattr(self, self.kind)
 
 
 class StackConfig(_Frozen):
@@ -97,6 +114,7 @@ class StackConfig(_Frozen):
     network: Optional[Network] = None
     on_demand_base: StrictInt = Field(default=0, ge=0, alias="onDemandBase")
     alert_emails: tuple[str, ...] = Field(default=(), alias="alertEmails")
+    alerts: tuple[Alert, ...] = ()
     ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey")
 
     @model_validator(mode="after")
@@ -142,6 +160,7 @@ class StackConfig(_Frozen):
         for email in self.alert_emails:
             if not _EMAIL.match(email):
                 raise ConfigError("gpufleet:alertEmails", email, "an e-mail address such as ops@example.com")
+        self._check_alerts()
         self._check_image()
         if self.cloud == "azure":
             if not self.ssh_public_key or not self.ssh_public_key.startswith(("ssh-rsa ", "ssh-ed25519 ", "ecdsa-")):
@@ -157,6 +176,22 @@ class StackConfig(_Frozen):
                 raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
                                   "an existing network is supported on aws only")
         return self
+
+    def _check_alerts(self) -> None:
+        for i, alert in enumerate(self.alerts):
+            key = f"gpufleet:alerts.{i}"
+            given = alert.model_dump(exclude_none=True)
+            if len(given) != 1:
+                raise ConfigError(key, given, "exactly one of email, https or chat")
+            if alert.email is not None and not _EMAIL.match(alert.email):
+                raise ConfigError(f"{key}.email", alert.email, "an e-mail address such as ops@example.com")
+            for kind in ("https", "chat"):
+                url = getattr(alert, kind)
+                if url is not None and not _HTTPS_URL.match(url):
+                    raise ConfigError(f"{key}.{kind}", url, "an https:// URL")
+            if alert.chat is not None and self.cloud == "azure":
+                raise ConfigError(f"{key}.chat", alert.chat, "chat webhooks are supported on aws; on azure give an "
+                                  "https endpoint (autoscale notifications post their own JSON)")
 
     def _check_image(self) -> None:
         if self.cloud == "aws":
@@ -192,6 +227,17 @@ class StackConfig(_Frozen):
     @property
     def all_tags(self) -> dict[str, str]:
         return {**self.tags, CLASSIFICATION_TAG: self.data_classification, "gpufleet-stack": self.stack}
+
+    @property
+    def alert_targets(self) -> tuple[Alert, ...]:
+        """Every recipient of alarms and budget alerts: `alertEmails` first, then `alerts`, each once."""
+        targets = [Alert(email=e) for e in self.alert_emails] + list(self.alerts)
+        return tuple(dict.fromkeys(targets))
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the program tells the user (under `pulumi up` and in every preview format)."""
+        return () if self.alert_targets else (ALERTS_NOBODY,)
 
     @property
     def multi_node(self) -> bool:

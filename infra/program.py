@@ -10,6 +10,8 @@ from infra import config
 
 def build(cfg: config.StackConfig) -> dict[str, pulumi.Input]:
     """Create every resource of the stack; return the outputs to export."""
+    for warning in cfg.warnings:
+        pulumi.log.warn(warning)
     if cfg.cloud == "aws":
         from infra.aws.stack import build_aws
 

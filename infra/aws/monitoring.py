@@ -1,25 +1,30 @@
-"""Monitoring: encrypted log group, alarms (dead letters, old jobs, idle GPUs), dashboard, budget.
+"""Monitoring: encrypted log group, alarms (dead letters, jobs waiting, idle GPUs), dashboard, budget.
 
-Alarms and the budget notify one KMS-encrypted SNS topic; `alertEmails` subscribe to it and get the
-budget mails directly. The idle-GPU alarm reads `GPUUtilization` (percent, dimension
-AutoScalingGroupName) that nodes publish to the `gpufleet/<stack>` namespace.
+Alarms and the budget notify one KMS-encrypted SNS topic. Its subscribers are the stack's alert
+recipients (`alertEmails`, `alerts`): e-mail addresses (which also get the budget mails directly),
+HTTPS endpoints that confirm SNS subscriptions, and chat webhooks, reached through a small Lambda
+function (`chat_forwarder.py`). The GPU widget and the idle-GPU alarm read the metrics nodes publish,
+by the names and dimensions of `infra.metrics`.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws import policies
+from infra import metrics
+from infra.aws import alarms, policies
+from infra.config import Alert
 
 LOG_RETENTION_DAYS = {"public": 30, "internal": 90, "personal": 365, "phi": 2192}
-OLDEST_JOB_ALARM_S = 3600
 IDLE_GPU_PERCENT = 5
 IDLE_GPU_PERIODS = 6          # x 5 minutes
-GPU_METRIC = "GPUUtilization"
 BUDGET_ALERTS = (("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0))
+FORWARDER = Path(__file__).with_name("chat_forwarder.py")
+FORWARDER_RUNTIME = "python3.12"
 
 
 @dataclass(frozen=True)
@@ -30,20 +35,33 @@ class MonitoringArgs:
     account_id: pulumi.Input[str]
     key_arn: pulumi.Input[str]
     log_group_name: str
+    chat_log_group_name: str
     metric_namespace: str
     classification: str
     queue_name: pulumi.Input[str]
     dlq_name: pulumi.Input[str]
     asg_name: str
     budget_monthly_usd: float
-    alert_emails: tuple[str, ...]
+    alerts: tuple[Alert, ...]
     tags: dict[str, str]
 
 
+def idle_gpu_queries(namespace: str, asg: str) -> list[dict]:
+    """In-service nodes and their mean GPU utilisation. Only nodes' measurements count: where no GPU
+    metric came, the expression has no value (not 0), and missing data does not breach."""
+    return [
+        {"id": "nodes", "metric": {"namespace": "AWS/AutoScaling", "metric_name": "GroupInServiceInstances",
+                                   "dimensions": {"AutoScalingGroupName": asg}, "stat": "Minimum", "period": 300}},
+        {"id": "gpu", "metric": metrics.alarm_metric(namespace, metrics.GPU_UTILIZATION, asg, "Average", 300)},
+        {"id": "idle", "label": "nodes running with idle GPUs", "return_data": True,
+         "expression": f"IF(FILL(nodes, 0) > 0 AND gpu < {IDLE_GPU_PERCENT}, 1, 0)"},
+    ]
+
+
 def dashboard_body(region: str, namespace: str, queue: str, dlq: str, asg: str) -> dict:
-    def widget(title: str, metrics: list, x: int, y: int) -> dict:
+    def widget(title: str, metrics_: list, x: int, y: int, stat: str = "Maximum") -> dict:
         return {"type": "metric", "x": x, "y": y, "width": 12, "height": 6,
-                "properties": {"title": title, "region": region, "metrics": metrics, "period": 60, "stat": "Maximum"}}
+                "properties": {"title": title, "region": region, "metrics": metrics_, "period": 60, "stat": stat}}
 
     return {"widgets": [
         widget("Jobs waiting / running", [
@@ -52,8 +70,11 @@ def dashboard_body(region: str, namespace: str, queue: str, dlq: str, asg: str) 
         widget("Nodes", [
             ["AWS/AutoScaling", "GroupInServiceInstances", "AutoScalingGroupName", asg, {"label": "in service"}],
             ["AWS/AutoScaling", "GroupDesiredCapacity", "AutoScalingGroupName", asg, {"label": "desired"}]], 12, 0),
-        widget("GPU utilization %", [[namespace, GPU_METRIC, "AutoScalingGroupName", asg]], 0, 6),
-        widget("Oldest job age (s) / dead letters", [
+        widget("GPU utilization % (all nodes, and per node)", [
+            metrics.dashboard_row(namespace, metrics.GPU_UTILIZATION, asg, label="all nodes"),
+            [{"expression": metrics.per_node_search(namespace, metrics.GPU_UTILIZATION, asg, "Average", 300),
+              "id": "pernode", "label": ""}]], 0, 6, stat="Average"),
+        widget("Oldest job, waiting or running (s) / dead letters", [
             ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", queue],
             ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", dlq, {"label": "dead letters"}]], 12, 6),
     ]}
@@ -74,9 +95,7 @@ class Monitoring(pulumi.ComponentResource):
             policy=pulumi.Output.all(self.topic.arn, args.account_id).apply(
                 lambda v: json.dumps(policies.topic_policy(*v))),
             opts=child)
-        for i, email in enumerate(args.alert_emails):
-            aws.sns.TopicSubscription(f"{p}-alerts-email-{i}", topic=self.topic.arn, protocol="email",
-                                      endpoint=email, opts=child)
+        self._subscribe(args)
         actions = [self.topic.arn]
 
         self.alarms = {
@@ -87,24 +106,15 @@ class Monitoring(pulumi.ComponentResource):
                 comparison_operator="GreaterThanThreshold", threshold=0, treat_missing_data="notBreaching",
                 alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
             "old-jobs": aws.cloudwatch.MetricAlarm(
-                f"{p}-old-jobs", alarm_description=f"A job has waited over {OLDEST_JOB_ALARM_S} s for a node",
-                namespace="AWS/SQS", metric_name="ApproximateAgeOfOldestMessage",
-                dimensions={"QueueName": args.queue_name}, statistic="Maximum", period=300, evaluation_periods=1,
-                comparison_operator="GreaterThanThreshold", threshold=OLDEST_JOB_ALARM_S,
-                treat_missing_data="notBreaching", alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
+                f"{p}-old-jobs",
+                alarm_description=f"A job has waited over {alarms.WAIT_ALARM_S // 60} minutes for a node (running "
+                                  f"jobs do not count)",
+                **alarms.WAITING_JOB.alarm_args({"QueueName": args.queue_name}),
+                alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
             "idle-gpus": aws.cloudwatch.MetricAlarm(
                 f"{p}-idle-gpus",
                 alarm_description=f"Nodes are running but their GPUs are below {IDLE_GPU_PERCENT}% busy",
-                metric_queries=[
-                    {"id": "nodes", "metric": {"namespace": "AWS/AutoScaling", "metric_name": "GroupInServiceInstances",
-                                               "dimensions": {"AutoScalingGroupName": args.asg_name},
-                                               "stat": "Minimum", "period": 300}},
-                    {"id": "gpu", "metric": {"namespace": args.metric_namespace, "metric_name": GPU_METRIC,
-                                             "dimensions": {"AutoScalingGroupName": args.asg_name},
-                                             "stat": "Average", "period": 300}},
-                    {"id": "idle", "label": "nodes running with idle GPUs", "return_data": True,
-                     "expression": f"IF(FILL(nodes, 0) > 0 AND FILL(gpu, 0) < {IDLE_GPU_PERCENT}, 1, 0)"},
-                ],
+                metric_queries=idle_gpu_queries(args.metric_namespace, args.asg_name),
                 evaluation_periods=IDLE_GPU_PERIODS, comparison_operator="GreaterThanOrEqualToThreshold",
                 threshold=1, treat_missing_data="notBreaching", alarm_actions=actions, ok_actions=actions,
                 tags=tags, opts=child),
@@ -116,10 +126,11 @@ class Monitoring(pulumi.ComponentResource):
                 lambda v: json.dumps(dashboard_body(args.region, args.metric_namespace, v[0], v[1], args.asg_name))),
             opts=child)
 
+        emails = [a.endpoint for a in args.alerts if a.kind == "email"]
         notifications = [
             {"comparison_operator": "GREATER_THAN", "notification_type": kind, "threshold": percent,
              "threshold_type": "PERCENTAGE", "subscriber_sns_topic_arns": actions,
-             **({"subscriber_email_addresses": list(args.alert_emails)} if args.alert_emails else {})}
+             **({"subscriber_email_addresses": list(emails)} if emails else {})}
             for kind, percent in BUDGET_ALERTS]
         self.budget = aws.budgets.Budget(
             f"{p}-monthly", budget_type="COST", time_unit="MONTHLY", limit_amount=f"{args.budget_monthly_usd:.2f}",
@@ -128,3 +139,42 @@ class Monitoring(pulumi.ComponentResource):
             cost_filters=[{"name": "TagKeyValue", "values": [f"user:gpufleet-stack${args.stack}"]}],
             notifications=notifications, tags=tags, opts=child)
         self.register_outputs({"log_group": self.log_group.name, "dashboard": self.dashboard.dashboard_name})
+
+    def _subscribe(self, args: MonitoringArgs) -> None:
+        """E-mail and HTTPS recipients subscribe to the topic; chat webhooks through the forwarder."""
+        child = pulumi.ResourceOptions(parent=self)
+        p = args.prefix
+        for protocol in ("email", "https"):
+            for i, endpoint in enumerate(a.endpoint for a in args.alerts if a.kind == protocol):
+                aws.sns.TopicSubscription(f"{p}-alerts-{protocol}-{i}", topic=self.topic.arn, protocol=protocol,
+                                          endpoint=endpoint, opts=child)
+        webhooks = [a.endpoint for a in args.alerts if a.kind == "chat"]
+        if webhooks:
+            self._chat_forwarder(args, webhooks)
+
+    def _chat_forwarder(self, args: MonitoringArgs, webhooks: list[str]) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        p, tags = args.prefix, args.tags
+        log_group = aws.cloudwatch.LogGroup(
+            f"{p}-chat-logs", name=args.chat_log_group_name, kms_key_id=args.key_arn,
+            retention_in_days=LOG_RETENTION_DAYS[args.classification], tags=tags, opts=child)
+        role = aws.iam.Role(
+            f"{p}-chat", description=f"{p}: posts alerts to chat webhooks",
+            assume_role_policy=json.dumps(policies.assume_role_lambda()), tags=tags, opts=child)
+        policy = aws.iam.RolePolicy(
+            f"{p}-chat-policy", role=role.name,
+            policy=log_group.arn.apply(lambda arn: json.dumps(policies.chat_forwarder_policy(arn))), opts=child)
+        function = aws.lambda_.Function(
+            f"{p}-chat", name=f"{p}-chat-alerts", description="Posts the stack's alerts to chat webhooks",
+            runtime=FORWARDER_RUNTIME, handler=f"{FORWARDER.stem}.handler", role=role.arn,
+            code=pulumi.AssetArchive({FORWARDER.name: pulumi.StringAsset(FORWARDER.read_text())}),
+            timeout=30, memory_size=128,
+            # A webhook URL is a credential: a secret in the state and masked in every preview.
+            environment={"variables": {"GPUFLEET_CHAT_WEBHOOKS": pulumi.Output.secret(json.dumps(webhooks))}},
+            logging_config={"log_format": "Text", "log_group": log_group.name}, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+        invoke = aws.lambda_.Permission(
+            f"{p}-chat-invoke", action="lambda:InvokeFunction", function=function.name,
+            principal="sns.amazonaws.com", source_arn=self.topic.arn, opts=child)
+        aws.sns.TopicSubscription(f"{p}-alerts-chat", topic=self.topic.arn, protocol="lambda",
+                                  endpoint=function.arn, opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke]))

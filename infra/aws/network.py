@@ -4,18 +4,22 @@ in gang mode, a cluster placement group.
 No NAT gateway: nodes boot from a baked image and talk only to AWS APIs, so an S3 gateway endpoint
 (free; checkpoint traffic stays off metered paths) and interface endpoints for the services the
 node uses give them everything without any route to the internet; for personal or PHI data that
-removes the exfiltration path a NAT would open. With an existing VPC (`gpufleet:network`) the
-VPC's own routing is used and node egress is HTTPS only.
+removes the exfiltration path a NAT would open. Every endpoint has a policy (`infra.aws.policies`):
+only this account's principals on this account's resources, and through the S3 gateway only the
+stack's bucket, so job code cannot copy data to a foreign account. With an existing VPC
+(`gpufleet:network`) the VPC's own routing is used and node egress is HTTPS only.
 """
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.aws import policies
 from infra.config import Network as ExistingNetwork
 
 VPC_CIDR = "10.42.0.0/16"
@@ -33,6 +37,8 @@ class NetworkArgs:
     node_to_node: bool         # all traffic between nodes (NCCL over EFA, rendezvous)
     placement_group: bool      # cluster placement group (gang mode)
     existing: Optional[ExistingNetwork]
+    account_id: pulumi.Input[str]
+    bucket_arns: tuple[pulumi.Input[str], ...]  # the buckets nodes use, the only ones the S3 endpoint reaches
     tags: dict[str, str]
 
 
@@ -112,13 +118,18 @@ class Network(pulumi.ComponentResource):
             description="HTTPS to the interface endpoints", tags=a.tags, opts=child)
         s3 = aws.ec2.VpcEndpoint(
             f"{p}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{a.region}.s3", vpc_endpoint_type="Gateway",
-            route_table_ids=[route_table.id], tags=a.tags, opts=child)
+            route_table_ids=[route_table.id],
+            policy=pulumi.Output.all(a.account_id, *a.bucket_arns).apply(
+                lambda v: json.dumps(policies.s3_endpoint_policy(v[0], list(v[1:])))),
+            tags=a.tags, opts=child)
         aws.vpc.SecurityGroupEgressRule(
             f"{p}-nodes-egress-s3", security_group_id=self.node_sg.id, ip_protocol="tcp",
             from_port=HTTPS, to_port=HTTPS, prefix_list_id=s3.prefix_list_id,
             description="HTTPS to S3 through the gateway endpoint", tags=a.tags, opts=child)
+        interface_policy = pulumi.Output.from_input(a.account_id).apply(
+            lambda acct: json.dumps(policies.interface_endpoint_policy(acct)))
         for service in INTERFACE_ENDPOINTS:
             aws.ec2.VpcEndpoint(
                 f"{p}-{service}", vpc_id=vpc.id, service_name=f"com.amazonaws.{a.region}.{service}",
                 vpc_endpoint_type="Interface", private_dns_enabled=True, subnet_ids=self.subnet_ids,
-                security_group_ids=[endpoint_sg.id], tags=a.tags, opts=child)
+                security_group_ids=[endpoint_sg.id], policy=interface_policy, tags=a.tags, opts=child)

@@ -4,7 +4,9 @@ The node policy is least privilege: every action is named (no `*`, no `service:*
 stack's bucket, key, queue, autoscaling group and log group; `Resource: "*"` is used only for
 Describe calls that IAM cannot scope and for PutMetricData, which is held to the stack's metric
 namespace by a `cloudwatch:namespace` condition. The flow log role can only write into the flow
-log group, and only VPC Flow Logs of this account can assume it.
+log group, and only VPC Flow Logs of this account can assume it. The VPC endpoints pass only this
+account's principals acting on this account's resources, and the S3 gateway endpoint only the
+buckets the nodes use.
 """
 from __future__ import annotations
 
@@ -30,6 +32,16 @@ def _deny_insecure_transport(action: str, resources: list[str]) -> dict:
 
 def assume_role_ec2() -> dict:
     return _doc({"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"})
+
+
+def assume_role_lambda() -> dict:
+    return _doc({"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"})
+
+
+def chat_forwarder_policy(log_group_arn: str) -> dict:
+    """The chat forwarder writes its own log group and nothing else (it calls no AWS API)."""
+    return _doc({"Sid": "WriteOwnLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                 "Resource": [log_group_arn, f"{log_group_arn}:*"]})
 
 
 def log_group_arn(region: str, account_id: str, name: str) -> str:
@@ -152,7 +164,34 @@ def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log
          "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances",
                     "autoscaling:DescribeAutoScalingGroups"],
          "Resource": "*"},
+        # The CloudWatch agent resolves ${aws:AutoScalingGroupName} from the instance's tags (as AWS's
+        # CloudWatchAgentServerPolicy allows); DescribeTags has no resource-level permissions.
+        {"Sid": "ResolveAgentDimensions", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
     )
+
+
+def _this_account(account_id: str) -> dict:
+    return {"StringEquals": {"aws:PrincipalAccount": account_id, "aws:ResourceAccount": account_id}}
+
+
+def interface_endpoint_policy(account_id: str) -> dict:
+    """An interface endpoint (SQS, SSM, Logs, CloudWatch, ...) carries only requests signed by this
+    account's principals for this account's resources: no foreign credentials in, no data out to a
+    foreign account's queue or log group (the pattern of AWS's data-perimeter examples)."""
+    return _doc({"Sid": "ThisAccountOnly", "Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*",
+                 "Condition": _this_account(account_id)})
+
+
+def s3_endpoint_policy(account_id: str, bucket_arns: list[str]) -> dict:
+    """The S3 gateway endpoint reaches only the named buckets of this account, for this account's principals.
+
+    The nodes need no AWS-owned bucket: they boot from a baked image, and Session Manager uses none (SSM
+    Agent's buckets serve patching, Distributor and agent self-updates, which the stack does not use).
+    A need for one (the ECR layer bucket `prod-<region>-starport-layer-bucket` once nodes pull from ECR)
+    is added here by name, with the actions it needs."""
+    resources = [r for arn in bucket_arns for r in (arn, f"{arn}/*")]
+    return _doc({"Sid": "StackBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
+                 "Resource": resources, "Condition": _this_account(account_id)})
 
 
 def asg_arn(region: str, account_id: str, asg_name: str) -> str:

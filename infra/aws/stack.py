@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra import catalog, scaling
+from infra import catalog, metrics, scaling
 from infra.aws import efa, policies
 from infra.aws.compute import Compute, ComputeArgs
 from infra.aws.flowlogs import FlowLogs, FlowLogsArgs
@@ -16,7 +16,7 @@ from infra.aws.identity import Identity, IdentityArgs
 from infra.aws.monitoring import LOG_RETENTION_DAYS, Monitoring, MonitoringArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.queue import JobQueue, QueueArgs
-from infra.aws.storage import Storage, StorageArgs
+from infra.aws.storage import ACCESS_LOGGED, Storage, StorageArgs
 from infra.config import StackConfig
 
 AUTOSCALING_ROLE_PREFIX = "AWSServiceRoleForAutoScaling_"   # the service's part of the role name
@@ -42,6 +42,7 @@ class Names:
     asg: str
     log_group: str
     flow_log_group: str
+    chat_log_group: str
     metric_namespace: str
     launch_hook: str
     terminate_hook: str
@@ -52,7 +53,8 @@ class Names:
         prefix = f"gpufleet-{stack}"
         return cls(prefix=prefix, asg=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
                    flow_log_group=f"/gpufleet/{stack}/vpc-flow-logs",
-                   metric_namespace=f"gpufleet/{stack}", launch_hook=f"{prefix}-preflight",
+                   chat_log_group=f"/gpufleet/{stack}/chat-alerts",
+                   metric_namespace=metrics.namespace(stack), launch_hook=f"{prefix}-preflight",
                    terminate_hook=f"{prefix}-checkpoint", autoscaling_role_suffix=role_suffix(prefix))
 
 
@@ -78,14 +80,17 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
     storage = Storage("storage", StorageArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id,
-        log_group_names=(names.log_group, names.flow_log_group),
-        autoscaling_role_suffix=names.autoscaling_role_suffix, access_logging=cfg.data_classification == "phi", tags=tags))
+        log_group_names=(names.log_group, names.flow_log_group) + (
+            (names.chat_log_group,) if any(a.kind == "chat" for a in cfg.alert_targets) else ()),
+        autoscaling_role_suffix=names.autoscaling_role_suffix,
+        access_logging=cfg.data_classification in ACCESS_LOGGED, tags=tags))
     queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         prefix=names.prefix, stack=cfg.stack, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
-        log_group_name=names.log_group, metric_namespace=names.metric_namespace,
+        log_group_name=names.log_group, chat_log_group_name=names.chat_log_group,
+        metric_namespace=names.metric_namespace,
         classification=cfg.data_classification, queue_name=queue.queue.name, dlq_name=queue.dlq.name,
-        asg_name=names.asg, budget_monthly_usd=cfg.budget_monthly_usd, alert_emails=cfg.alert_emails, tags=tags))
+        asg_name=names.asg, budget_monthly_usd=cfg.budget_monthly_usd, alerts=cfg.alert_targets, tags=tags))
     identity = Identity("identity", IdentityArgs(
         prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
         queue_arn=queue.queue.arn,
@@ -93,7 +98,8 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         log_group_arn=monitoring.log_group.arn, metric_namespace=names.metric_namespace, tags=tags))
     network = Network("network", NetworkArgs(
         prefix=names.prefix, region=cfg.region, single_subnet=gang,
-        node_to_node=gang, placement_group=gang, existing=cfg.network, tags=tags))
+        node_to_node=gang, placement_group=gang, existing=cfg.network, account_id=account_id,
+        bucket_arns=(storage.bucket.arn,), tags=tags))
     flow_logs = FlowLogs("flow-logs", FlowLogsArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
         key_arn=storage.key.arn, log_group_name=names.flow_log_group,

@@ -12,6 +12,8 @@ from infra.aws import policies
 
 NONCURRENT_VERSION_DAYS = 30
 ACCESS_LOG_DAYS = 400
+# Who touched which object: HIPAA's audit controls for phi, GDPR's records of processing for personal data.
+ACCESS_LOGGED = ("personal", "phi")
 
 
 @dataclass(frozen=True)

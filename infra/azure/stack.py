@@ -72,6 +72,6 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
             name=f"{name}-autoscale", resource_group=group.group_name, location=location, scale_set_id=vmss.id,
             capacity=derive.capacity(cfg),
             rules=derive.queue_rules(store.account_id.apply(derive.queue_metric_uri)),
-            alert_emails=cfg.alert_emails, tags=tags))
+            alerts=cfg.alert_targets, tags=tags))
         outputs["autoscaleSetting"] = scaler.setting.name
     return outputs

@@ -314,6 +314,7 @@ _AWS: dict[str, Handler] = {
     "aws:cloudwatch/dashboard:Dashboard": _dashboard,
     "aws:budgets/budget:Budget": _budget,
     "aws:sns/topic:Topic": _topic,
+    "aws:lambda/function:Function": _named(lambda m, n: m.arn("lambda", f"function:{n}")),
     "aws:sns/topicPolicy:TopicPolicy": lambda m, typ, name, inputs: (str(inputs.get("arn", name)), {}),
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": lambda m, typ, name, inputs: (
         f"{inputs.get('role', '')}/{inputs.get('policyArn', '')}", {}),

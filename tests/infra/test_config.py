@@ -89,6 +89,14 @@ CASES = [
     ({"gpufleet:image": None}, "gpufleet:image", "{id: ami-...}"),
     ({"gpufleet:onDemandBase": 9}, "gpufleet:onDemandBase", "at most nodes.max"),
     ({"gpufleet:alertEmails": ["not-an-address"]}, "gpufleet:alertEmails", "e-mail"),
+    ({"gpufleet:alerts": [{"email": "ops@example.com", "https": "https://x.example.com"}]}, "gpufleet:alerts.0",
+     "exactly one of email, https or chat"),
+    ({"gpufleet:alerts": [{}]}, "gpufleet:alerts.0", "exactly one"),
+    ({"gpufleet:alerts": [{"https": "http://pager.example.com/sns"}]}, "gpufleet:alerts.0.https", "https:// URL"),
+    ({"gpufleet:alerts": [{"chat": "hooks.slack.com/x"}]}, "gpufleet:alerts.0.chat", "https:// URL"),
+    ({"gpufleet:alerts": [{"email": "ops"}]}, "gpufleet:alerts.0.email", "e-mail"),
+    ({"gpufleet:alerts": [{"pager": "x"}]}, "gpufleet:alerts.0.pager", "unknown key"),
+    ({"gpufleet:alerts": "ops@example.com"}, "gpufleet:alerts", "a list"),
     ({"gpufleet:instanceTpyes": ["g5.xlarge"]}, "gpufleet:instanceTpyes", "known keys"),
     ({"aws:region": None}, "aws:region", "set the provider region"),
 ]
@@ -102,6 +110,32 @@ def test_bad_input_is_one_line_naming_key_value_and_allowed(overrides, key, allo
     assert "\n" not in message
     assert message.startswith(key + ":"), message
     assert allowed in message, message
+
+
+def test_alert_recipients_merge_emails_and_alerts_once():
+    cfg = config.parse(raw_dev(**{"gpufleet:alertEmails": ["ops@example.com"], "gpufleet:alerts": [
+        {"email": "ops@example.com"}, {"https": "https://pager.example.com/sns"},
+        {"chat": "https://hooks.example.com/services/T0/B0/x"}]}), "dev")
+    assert [(a.kind, a.endpoint) for a in cfg.alert_targets] == [
+        ("email", "ops@example.com"), ("https", "https://pager.example.com/sns"),
+        ("chat", "https://hooks.example.com/services/T0/B0/x")]
+    assert cfg.warnings == ()
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "azure"])
+def test_a_stack_without_alert_recipients_is_warned(stack):
+    raw, secrets = config.read_stack_file(ROOT / f"Pulumi.{stack}.yaml")
+    cfg = config.parse(raw, stack, secrets)
+    assert cfg.alert_targets == () and cfg.warnings == (config.ALERTS_NOBODY,)
+    assert config.ALERTS_NOBODY.startswith("alerts reach nobody: set gpufleet:alertEmails")
+
+
+def test_chat_webhooks_are_aws_only():
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
+    with pytest.raises(config.ConfigError, match=r"^gpufleet:alerts.0.chat: .*supported on aws"):
+        config.parse({**raw, "gpufleet:alerts": [{"chat": "https://hooks.example.com/x"}]}, "azure")
+    cfg = config.parse({**raw, "gpufleet:alerts": [{"https": "https://pager.example.com/azure"}]}, "azure")
+    assert [a.kind for a in cfg.alert_targets] == ["https"]
 
 
 def test_secret_values_are_never_printed():

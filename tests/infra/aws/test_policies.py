@@ -1,5 +1,6 @@
 """Policy documents and IAM names (pure)."""
 import re
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,50 @@ def test_node_policy_allows_every_call_the_trainer_makes():
     allowed = {a for st in doc["Statement"] if st["Effect"] == "Allow"
                for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
     assert {TRAINER_CALLS[m] for m in called} <= allowed
+
+
+# What the CloudWatch agent needs to resolve each placeholder of its config (CloudWatch User Guide, the agent
+# configuration file: append_dimensions takes ImageId, InstanceId, InstanceType and AutoScalingGroupName).
+# The instance's own id, type, image, host name and address come from the instance metadata service; the
+# group name comes from the instance's tags, which is why AWS's CloudWatchAgentServerPolicy has ec2:DescribeTags.
+AGENT_PLACEHOLDER_ACTIONS = {
+    "${aws:AutoScalingGroupName}": {"ec2:DescribeTags"},
+    "${aws:InstanceId}": set(), "${aws:InstanceType}": set(), "${aws:ImageId}": set(),
+    "{instance_id}": set(), "{hostname}": set(), "{ip_address}": set(),
+}
+AGENT_CONFIG = Path(__file__).resolve().parents[3] / "ami" / "files" / "cloudwatch-agent.json"
+
+
+def _allowed_on_any_resource(doc: dict) -> set[str]:
+    return {a for st in doc["Statement"] if st["Effect"] == "Allow" and st["Resource"] == "*" and "Condition" not in st
+            for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+
+
+def test_node_role_lets_the_cloudwatch_agent_resolve_every_placeholder():
+    used = set(re.findall(r"\$\{aws:\w+\}|\{\w+\}", AGENT_CONFIG.read_text()))
+    assert "${aws:AutoScalingGroupName}" in used
+    assert used <= set(AGENT_PLACEHOLDER_ACTIONS), f"what permission does {used - set(AGENT_PLACEHOLDER_ACTIONS)} need?"
+    needed = set().union(*(AGENT_PLACEHOLDER_ACTIONS[p] for p in used))
+    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    assert needed and needed <= _allowed_on_any_resource(doc)
+
+
+def test_without_describe_tags_the_placeholder_check_fails():
+    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    doc["Statement"] = [st for st in doc["Statement"] if st.get("Sid") != "ResolveAgentDimensions"]
+    assert "ec2:DescribeTags" not in _allowed_on_any_resource(doc)
+
+
+def test_interface_endpoints_keep_to_the_account():
+    (st,) = policies.interface_endpoint_policy("123456789012")["Statement"]
+    assert (st["Effect"], st["Principal"], st["Action"], st["Resource"]) == ("Allow", "*", "*", "*")
+    assert st["Condition"] == {"StringEquals": {"aws:PrincipalAccount": "123456789012",
+                                                "aws:ResourceAccount": "123456789012"}}
+
+
+def test_s3_endpoint_reaches_only_the_named_buckets():
+    doc = policies.s3_endpoint_policy("123456789012", [BUCKET])
+    (st,) = doc["Statement"]
+    assert st["Resource"] == [BUCKET, f"{BUCKET}/*"] and st["Effect"] == "Allow"
+    assert st["Condition"]["StringEquals"]["aws:ResourceAccount"] == "123456789012"
+    assert all(st["Resource"] != "*" for st in doc["Statement"])

@@ -5,6 +5,7 @@ import importlib
 import inspect
 import json
 
+import pulumi
 import pytest
 
 from infra import scaling
@@ -66,6 +67,14 @@ def test_endpoints_replace_a_nat(built):
     for ep in endpoints.values():
         assert ep.inputs["vpcEndpointType"] == "Interface" and ep.inputs["privateDnsEnabled"] is True
         assert ep.inputs["subnetIds"] == subnet_ids
+    # every endpoint keeps to this account; through S3 only the stack's bucket
+    account = {"StringEquals": {"aws:PrincipalAccount": ACCOUNT, "aws:ResourceAccount": ACCOUNT}}
+    (s3_statement,) = json.loads(s3.inputs["policy"])["Statement"]
+    bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
+    assert s3_statement["Resource"] == [bucket_arn, bucket_arn + "/*"] and s3_statement["Condition"] == account
+    for ep in endpoints.values():
+        (statement,) = json.loads(ep.inputs["policy"])["Statement"]
+        assert (statement["Principal"], statement["Resource"], statement["Condition"]) == ("*", "*", account)
     endpoint_ingress = built.one(T["ingress"], "endpoints-ingress")
     assert (endpoint_ingress.inputs["fromPort"], endpoint_ingress.inputs["toPort"]) == (443, 443)
     assert endpoint_ingress.inputs["referencedSecurityGroupId"] == built.outputs["nodeSecurityGroup"]
@@ -211,9 +220,11 @@ def test_bucket_is_private_versioned_encrypted_tls_only(built):
     assert life["status"] == "Enabled" and life["noncurrentVersionExpiration"]["noncurrentDays"] > 0
 
 
-def test_access_logging_only_for_phi(built):
-    assert built.of_type("aws:s3/bucketLogging:BucketLogging") == []
-    assert built.outputs["accessLogBucket"] is None
+def test_access_logging_for_personal_and_phi_data_only(built):
+    logged = built.cfg.data_classification in ("personal", "phi")
+    assert built.cfg.data_classification == ("personal" if built.cfg.stack == "prod" else "internal")
+    assert len(built.of_type("aws:s3/bucketLogging:BucketLogging")) == logged
+    assert (built.outputs["accessLogBucket"] is not None) == logged
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +233,9 @@ def phi():
                                             "gpufleet:alertEmails": ["ops@example.com", "ml@example.com"]}))
 
 
-def test_phi_bucket_logs_access_to_a_locked_log_bucket(phi):
+@pytest.mark.parametrize("variant", ["phi", "prod"])
+def test_regulated_bucket_logs_access_to_a_locked_log_bucket(variant, request):
+    phi = request.getfixturevalue(variant)
     data, logs = phi.outputs["bucket"], phi.outputs["accessLogBucket"]
     logging = phi.one("aws:s3/bucketLogging:BucketLogging")
     assert logging.inputs["bucket"] == data and logging.inputs["targetBucket"] == logs
@@ -237,7 +250,7 @@ def test_phi_bucket_logs_access_to_a_locked_log_bucket(phi):
     delivery = next(s for s in doc["Statement"] if s["Effect"] == "Allow")
     assert delivery["Principal"] == {"Service": "logging.s3.amazonaws.com"}
     assert delivery["Condition"]["ArnLike"]["aws:SourceArn"] == f"arn:aws:s3:::{data}"
-    assert _log_group(phi, "/gpufleet/dev").inputs["retentionInDays"] >= 365
+    assert _log_group(phi, f"/gpufleet/{phi.cfg.stack}").inputs["retentionInDays"] >= 365
 
 
 def test_alert_emails_subscribe_and_get_budget_mail(phi):
@@ -247,6 +260,41 @@ def test_alert_emails_subscribe_and_get_budget_mail(phi):
     budget = phi.one("aws:budgets/budget:Budget")
     assert all(n["subscriberEmailAddresses"] == ["ops@example.com", "ml@example.com"]
                for n in budget.inputs["notifications"])
+
+
+def test_alert_recipients_email_https_and_chat():
+    b = build_stack(stack_config("dev", {"gpufleet:alertEmails": ["ops@example.com"], "gpufleet:alerts": [
+        {"email": "ml@example.com"}, {"https": "https://events.example.com/sns"},
+        {"chat": "https://hooks.example.com/services/T0/B0/x"}]}))
+    topic = b.outputs["alertTopic"]
+    subs = {(s.inputs["protocol"], s.inputs["endpoint"]) for s in b.of_type("aws:sns/topicSubscription:TopicSubscription")
+            if s.inputs["topic"] == topic}
+    function = b.one("aws:lambda/function:Function")
+    assert subs == {("email", "ops@example.com"), ("email", "ml@example.com"),
+                    ("https", "https://events.example.com/sns"), ("lambda", function.state["arn"])}
+    env = function.inputs["environment"]  # a secret: the webhook URL is a credential
+    assert env[pulumi.runtime.rpc._special_sig_key] == pulumi.runtime.rpc._special_secret_sig
+    assert json.loads(env["value"]["variables"]["GPUFLEET_CHAT_WEBHOOKS"]) == [
+        "https://hooks.example.com/services/T0/B0/x"]
+    assert function.inputs["handler"] == "chat_forwarder.handler"
+    permission = b.one("aws:lambda/permission:Permission")
+    assert (permission.inputs["principal"], permission.inputs["sourceArn"]) == ("sns.amazonaws.com", topic)
+    # its log group is encrypted with the stack key, which lets CloudWatch Logs use it for that group
+    logs = _log_group(b, "/gpufleet/dev/chat-alerts")
+    assert function.inputs["loggingConfig"]["logGroup"] == logs.inputs["name"] and logs.inputs["kmsKeyId"]
+    key = json.loads(b.one(T["key"]).inputs["policy"])
+    grant = next(s for s in key["Statement"] if s["Sid"] == "CloudWatchLogsForStackLogGroups")
+    assert logs.state["arn"] in grant["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"]
+    (writes,) = json.loads(b.one(T["role_policy"], "-chat").inputs["policy"])["Statement"]
+    assert writes["Resource"] == [logs.state["arn"], logs.state["arn"] + ":*"]
+    budget = b.one("aws:budgets/budget:Budget")
+    assert all(n["subscriberEmailAddresses"] == ["ops@example.com", "ml@example.com"]
+               for n in budget.inputs["notifications"])
+
+
+def test_no_forwarder_without_chat_recipients(built):
+    assert built.of_type("aws:lambda/function:Function") == []
+    assert built.of_type("aws:sns/topicSubscription:TopicSubscription") == []
 
 
 # --- queue --------------------------------------------------------------------------------------
@@ -447,13 +495,16 @@ def test_monitoring(built):
     dlq = alarms["dead-letters"]
     assert dlq["dimensions"] == {"QueueName": queues[o["dlqUrl"]]} and dlq["threshold"] == 0
     assert dlq["comparisonOperator"] == "GreaterThanThreshold"
-    old = alarms["old-jobs"]
-    assert old["metricName"] == "ApproximateAgeOfOldestMessage" and old["dimensions"] == {"QueueName": queues[o["queueUrl"]]}
+    old = alarms["old-jobs"]  # waiting jobs only: visible messages, never the in-flight ones of running jobs
+    assert (old["metricName"], old["statistic"]) == ("ApproximateNumberOfMessagesVisible", "Minimum")
+    assert old["dimensions"] == {"QueueName": queues[o["queueUrl"]]}
+    assert old["period"] * old["evaluationPeriods"] == 3600 and old["datapointsToAlarm"] == old["evaluationPeriods"]
     idle = {q["id"]: q for q in alarms["idle-gpus"]["metricQueries"]}
     assert idle["gpu"]["metric"]["namespace"] == f"gpufleet/{stack}"
     assert idle["nodes"]["metric"]["metricName"] == "GroupInServiceInstances"
     assert idle["nodes"]["metric"]["dimensions"] == {"AutoScalingGroupName": o["autoscalingGroup"]}
-    assert "nodes" in idle["idle"]["expression"] and "gpu" in idle["idle"]["expression"]
+    # GPUs count as idle only where nodes measured them: no FILL turns a missing GPU metric into 0 %
+    assert idle["idle"]["expression"] == "IF(FILL(nodes, 0) > 0 AND gpu < 5, 1, 0)"
     for name in ("dead-letters", "old-jobs", "idle-gpus"):
         assert alarms[name]["alarmActions"] == [o["alertTopic"]]
     body = json.loads(built.one("aws:cloudwatch/dashboard:Dashboard").inputs["dashboardBody"])

@@ -130,6 +130,16 @@ def test_autoscale_follows_the_job_queue_down_to_zero(azure_run):
     assert {r["scaleAction"]["direction"] for r in profile["rules"]} == {"Increase", "Decrease"}
 
 
+def test_scale_events_reach_the_alert_recipients(azure_run):
+    assert "notifications" not in azure_run.one(AUTOSCALE).inputs
+    run = run_stack(azure_config(alertEmails=["ops@example.com"], alerts=[
+        {"email": "ml@example.com"}, {"https": "https://pager.example.com/azure"}]))
+    (notice,) = run.one(AUTOSCALE).inputs["notifications"]
+    assert notice["operation"] == "Scale"
+    assert notice["email"]["customEmails"] == ["ops@example.com", "ml@example.com"]
+    assert notice["webhooks"] == [{"serviceUri": "https://pager.example.com/azure"}]
+
+
 def test_outputs_name_what_users_and_nodes_need(azure_run):
     out = azure_run.outputs
     account = out["storageAccount"]
