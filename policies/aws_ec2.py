@@ -1,12 +1,13 @@
-"""EC2 guardrails: IMDSv2, encrypted EBS, no public IPs, no security group ingress from the internet.
+"""EC2 guardrails: IMDSv2, encrypted EBS, no public IPs, no security group ingress from the internet,
+VPC endpoints that pass only the account's own principals and resources.
 
 Launch-template booleans arrive as strings ("true"); `flag` reads both forms.
 """
 from __future__ import annotations
 
-from policies.common import UNKNOWN, flag, get, items, resource_policy
+from policies.common import UNKNOWN, Stack, as_list, flag, get, items, json_doc, resource_policy, stack_policy
 from policies.tokens import (DEFAULT_SECURITY_GROUP, EBS_VOLUME, INSTANCE, LAUNCH_TEMPLATE, SECURITY_GROUP,
-                            SG_INGRESS_RULE, SG_RULE, SUBNET)
+                            SG_INGRESS_RULE, SG_RULE, SUBNET, VPC_ENDPOINT, VPC_ENDPOINT_POLICY)
 
 WORLD = ("0.0.0.0/0", "::/0")
 
@@ -90,6 +91,76 @@ def check_no_internet_ingress(props: dict, ctx):
             yield f"ingress from {cidr} ({_ports(rule)})"
 
 
+# Condition keys that bind a request to the account's (or organization's) principals and resources.
+PRINCIPAL_KEYS = ("aws:principalaccount", "aws:principalorgid", "aws:principalorgpaths")
+RESOURCE_KEYS = ("aws:resourceaccount", "aws:resourceorgid", "aws:resourceorgpaths")
+_EQUALITY = ("stringequals", "stringequalsignorecase", "stringlike", "forallvalues:stringequals",
+             "forallvalues:stringlike", "foranyvalue:stringequals", "foranyvalue:stringlike")
+
+
+def _anyone(statement: dict) -> bool:
+    if statement.get("NotPrincipal") is not None:
+        return True
+    principal = statement.get("Principal")
+    if isinstance(principal, dict):
+        return any("*" in as_list(v) for v in principal.values())
+    return "*" in as_list(principal)
+
+
+def _anything(statement: dict) -> bool:
+    return statement.get("NotResource") is not None or "*" in as_list(statement.get("Resource"))
+
+
+def _binds(statement: dict, keys: tuple[str, ...]) -> bool:
+    condition = statement.get("Condition")
+    if not isinstance(condition, dict):
+        return False
+    return any(isinstance(pairs, dict) and op.lower() in _EQUALITY and any(k.lower() in keys for k in pairs)
+               for op, pairs in condition.items())
+
+
+def open_statements(doc) -> list[str]:
+    """The Allow statements of an endpoint policy that let any principal reach any resource without a
+    condition naming the account (or organization) of both."""
+    if not isinstance(doc, dict):
+        return ["the policy is not a JSON policy document"]
+    out = []
+    for i, st in enumerate(s for s in as_list(doc.get("Statement")) if isinstance(s, dict)):
+        if st.get("Effect") != "Allow" or not (_anyone(st) and _anything(st)):
+            continue
+        missing = [what for what, keys in (("principals", PRINCIPAL_KEYS), ("resources", RESOURCE_KEYS))
+                   if not _binds(st, keys)]
+        if missing:
+            out.append(f"statement {st.get('Sid') or i} allows any principal on any resource without a condition "
+                       f"on the account of its {' and '.join(missing)}")
+    return out
+
+
+def check_endpoint_policy(stack: Stack, ctx):
+    """Every endpoint has a policy (inline or an aws.ec2.VpcEndpointPolicy), and every endpoint policy,
+    whether or not its endpoint is in this stack, keeps requests to the account's principals and resources."""
+    for endpoint in stack.of(VPC_ENDPOINT):
+        service = endpoint.props.get("serviceName")
+        label = f"VPC endpoint '{endpoint.name}'" + (f" ({service})" if isinstance(service, str) else "")
+        inline = endpoint.props.get("policy")
+        if inline is None:
+            if not stack.referrers(endpoint, [VPC_ENDPOINT_POLICY], "vpcEndpointId"):
+                yield (f"{label} has no policy: AWS gives it one that passes any principal to any resource, "
+                       f"a way out for data"), endpoint.urn
+            continue
+        doc = json_doc(inline)
+        for problem in [] if doc is UNKNOWN else open_statements(doc):
+            yield f"{label}: {problem}", endpoint.urn
+    for attached in stack.of(VPC_ENDPOINT_POLICY):
+        policy = attached.props.get("policy")
+        if policy is None:
+            yield f"endpoint policy '{attached.name}' sets no document: the endpoint allows full access", attached.urn
+            continue
+        doc = json_doc(policy)
+        for problem in [] if doc is UNKNOWN else open_statements(doc):
+            yield f"endpoint policy '{attached.name}': {problem}", attached.urn
+
+
 _CIS = ["CIS"]
 POLICIES = [
     resource_policy(
@@ -142,4 +213,11 @@ POLICIES = [
         frameworks=_CIS, check=check_no_internet_ingress,
         remediation="Replace world CIDRs with the security group itself, a peer security group, or the VPC CIDR; "
                     "use SSM Session Manager instead of inbound SSH."),
+    stack_policy(
+        "aws-ec2-vpcendpoint-restricted-policy",
+        "VPC endpoints have a policy that passes only the account's own principals and resources.",
+        severity="high", frameworks=["CIS", "GDPR", "HIPAA"], check=check_endpoint_policy,
+        remediation="Give every aws.ec2.VpcEndpoint a policy: Allow with Condition StringEquals aws:PrincipalAccount "
+                    "and aws:ResourceAccount set to the account (or aws:PrincipalOrgID / aws:ResourceOrgID), and for "
+                    "the S3 gateway only the stack's bucket ARNs plus the AWS-owned buckets the nodes need, by name."),
 ]

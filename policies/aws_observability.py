@@ -1,8 +1,8 @@
-"""CloudWatch log groups (encryption, retention) and VPC flow logs."""
+"""CloudWatch log groups (encryption, retention), VPC flow logs, and alert topics that reach someone."""
 from __future__ import annotations
 
 from policies.common import UNKNOWN, number, resource_policy, stack_policy
-from policies.tokens import FLOW_LOG, LOG_GROUP, VPC
+from policies.tokens import FLOW_LOG, LOG_GROUP, SNS_SUBSCRIPTION, SNS_TOPIC, VPC
 
 
 def check_log_group_encrypted(props: dict, ctx):
@@ -37,6 +37,13 @@ def check_flow_logs(stack, ctx):
             yield f"flow log '{log.name}' records {log.props.get('trafficType')} traffic, not ALL", log.urn
 
 
+def check_topic_subscribers(stack, ctx):
+    for topic in stack.of(SNS_TOPIC):
+        if not stack.referrers(topic, [SNS_SUBSCRIPTION], "topic"):
+            yield (f"topic '{topic.name}' has no subscription: the alarms and budget alerts it gets reach "
+                   f"nobody"), topic.urn
+
+
 POLICIES = [
     resource_policy(
         "aws-cloudwatch-loggroup-encrypted",
@@ -61,4 +68,10 @@ POLICIES = [
                                     "description": "Data classifications whose VPCs need flow logs."}},
         remediation="Add an aws.ec2.FlowLog with vpcId of the VPC, trafficType 'ALL', delivering to an encrypted "
                     "log group with retention."),
+    stack_policy(
+        "aws-sns-topic-alert-subscribers",
+        "SNS topics that alarms and budgets notify have at least one subscriber.",
+        severity="low", frameworks=["CIS"], check=check_topic_subscribers, mandatory=False,
+        remediation="alerts reach nobody: set gpufleet:alertEmails (or gpufleet:alerts: e-mail, an HTTPS endpoint "
+                    "or a chat webhook) so the stack subscribes them to the alert topic."),
 ]

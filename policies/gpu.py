@@ -138,12 +138,21 @@ def check_efa_security_group(stack: Stack, ctx):
                f"in from and out to themselves"), template.urn
 
 
+def uses_efa(stack: Stack, asg: Resource) -> bool:
+    """The group's nodes talk over EFA: its launch template attaches EFA interfaces or, with the template
+    outside this stack, its instance types have EFA."""
+    templates = templates_of(stack, asg)
+    if templates:
+        return any(efa_nics(t) for t in templates)
+    return any(CATALOG[t].efa for t in group_types(stack, asg) if t in CATALOG)
+
+
 def check_efa_cluster(stack: Stack, ctx):
     if stack_value("gpufleet:mode") == "queue":  # independent single-node jobs: no collective traffic
         return
     for asg in stack.of(ASG):
         max_size = number(asg.props.get("maxSize"))
-        if max_size is None or max_size <= 1 or not any(efa_nics(t) for t in templates_of(stack, asg)):
+        if max_size is None or max_size <= 1 or not uses_efa(stack, asg):
             continue
         groups = stack.targets(asg, [PLACEMENT_GROUP], "placementGroup")
         if asg.props.get("placementGroup") is None:

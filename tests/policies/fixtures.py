@@ -100,6 +100,16 @@ def tls_policy(bucket: str) -> str:
          "Condition": {"NumericLessThan": {"s3:TlsVersion": "1.2"}}}])
 
 
+ACCOUNT = "123456789012"
+
+
+def account_only_policy(account: str = ACCOUNT) -> str:
+    """The interface endpoint policy: this account's principals on this account's resources."""
+    return _policy([{"Sid": "ThisAccountOnly", "Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*",
+                     "Condition": {"StringEquals": {"aws:PrincipalAccount": account,
+                                                    "aws:ResourceAccount": account}}}])
+
+
 def node_policy(bucket: str) -> str:
     return _policy([
         {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
@@ -119,7 +129,7 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
                                       "bucketKeyEnabled": True}]},
           deps={"bucket": [bucket], "rules": [key]})
     _bucket_guards(s, bucket, name, "data")
-    if classification == "phi":
+    if classification in ("personal", "phi"):
         _access_logs(s, bucket, name, t)
     s.add("aws:sqs/queue:Queue", "jobs", {"kmsMasterKeyId": KEY_ARN, "visibilityTimeoutSeconds": 900, "tags": t},
           deps={"kmsMasterKeyId": [key]})
@@ -132,6 +142,20 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     s.add("aws:ec2/flowLog:FlowLog", "flow", {"vpcId": "vpc-0a1b2c3d4e5f60718", "trafficType": "ALL",
                                               "logDestinationType": "cloud-watch-logs", "tags": t},
           deps={"vpcId": [vpc]})
+    s3_endpoint = {"Version": "2012-10-17", "Statement": [
+        {"Sid": "StackBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
+         "Resource": [f"arn:aws:s3:::{name}", f"arn:aws:s3:::{name}/*"],
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": ACCOUNT, "aws:ResourceAccount": ACCOUNT}}}]}
+    s.add("aws:ec2/vpcEndpoint:VpcEndpoint", "s3", {
+        "vpcId": "vpc-0a1b2c3d4e5f60718", "serviceName": "com.amazonaws.eu-north-1.s3", "vpcEndpointType": "Gateway",
+        "policy": json.dumps(s3_endpoint), "tags": t}, deps={"vpcId": [vpc], "policy": [bucket]})
+    s.add("aws:ec2/vpcEndpoint:VpcEndpoint", "sqs", {
+        "vpcId": "vpc-0a1b2c3d4e5f60718", "serviceName": "com.amazonaws.eu-north-1.sqs", "vpcEndpointType": "Interface",
+        "privateDnsEnabled": True, "policy": account_only_policy(), "tags": t}, deps={"vpcId": [vpc]})
+    topic = s.add("aws:sns/topic:Topic", "alerts", {"kmsMasterKeyId": KEY_ARN, "tags": t}, deps={"kmsMasterKeyId": [key]})
+    s.add("aws:sns/topicSubscription:TopicSubscription", "alerts-email", {
+        "topic": "arn:aws:sns:eu-north-1:123456789012:alerts", "protocol": "email", "endpoint": "ops@example.com"},
+        deps={"topic": [topic]})
     sg = s.add("aws:ec2/securityGroup:SecurityGroup", "nodes-sg", {"vpcId": "vpc-0a1b2c3d4e5f60718",
                                                                 "description": "GPU nodes", "tags": t},
                deps={"vpcId": [vpc]})

@@ -39,14 +39,15 @@ def test_all_sets_every_level_and_a_policy_overrides_it(packs):
     s = f.aws_gang()
     s.get("data-versioning")["inputs"]["versioningConfiguration"]["status"] = "Suspended"
     s.get("node")["inputs"]["metadataOptions"]["httpTokens"] = "optional"
-    verdicts = packs.run("prod", s.resources, {"all": "disabled", "aws-s3-bucket-versioning": "mandatory"})
-    assert [(v["policy"], v["level"]) for v in verdicts["violations"]] == [("aws-s3-bucket-versioning", "mandatory")]
+    verdicts = packs.run("prod", s.resources, {"all": "disabled", "aws-s3-bucketversioning-enabled": "mandatory"})
+    assert [(v["policy"], v["level"]) for v in verdicts["violations"]] == [
+        ("aws-s3-bucketversioning-enabled", "mandatory")]
     levels = {p["name"]: p["level"] for p in verdicts["policies"]}
     assert levels["aws-ec2-launchtemplate-imdsv2"] == "disabled"
     # Configure replaces the previous config: the next run is back to the defaults.
     again = packs.run("prod", s.resources)
     assert {(v["policy"], v["level"]) for v in again["violations"]} == {
-        ("aws-s3-bucket-versioning", "advisory"), ("aws-ec2-launchtemplate-imdsv2", "mandatory")}
+        ("aws-s3-bucketversioning-enabled", "advisory"), ("aws-ec2-launchtemplate-imdsv2", "mandatory")}
 
 
 @pytest.mark.parametrize("config, key, fragment", [

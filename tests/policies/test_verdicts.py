@@ -93,6 +93,7 @@ def template_nics(nics) -> Callable[[f.Stack], None]:
 
 
 SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 KMS_RULE = {"rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": f.KEY_ARN}}}
 WORLD_SSH = {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "0.0.0.0/0",
              "securityGroupId": "sg-51b340616cd3da298"}
@@ -121,20 +122,24 @@ AZ_SA, AZ_VMSS = "data", "nodes"
 CASES = [
     # --- S3 ---------------------------------------------------------------------------------------
     Case("sse-aes256", "prod", set_path("data-sse", ("rules", 0, "applyServerSideEncryptionByDefault"),
-                                        {"sseAlgorithm": "AES256"}), ("aws-s3-bucket-sse-kms",), on="data"),
+                                        {"sseAlgorithm": "AES256"}), ("aws-s3-bucket-sse-kms",), on="data-sse"),
     Case("sse-missing", "prod", drop("data-sse"), ("aws-s3-bucket-sse-kms",), on="data"),
     Case("sse-inline-kms", "prod", both(drop("data-sse"), edit("data", serverSideEncryptionConfiguration=KMS_RULE))),
     Case("sse-log-bucket-kms", "phi", set_path("access-logs-sse", ("rules", 0, "applyServerSideEncryptionByDefault"),
                                                {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": f.KEY_ARN}),
-         ("aws-s3-bucket-sse-kms",), on="access-logs"),
+         ("aws-s3-bucket-sse-kms",), on="access-logs-sse"),
     Case("versioning-suspended", "prod", set_path("data-versioning", ("versioningConfiguration", "status"), "Suspended"),
-         ("aws-s3-bucket-versioning",), on="data", level="advisory"),
+         ("aws-s3-bucketversioning-enabled",), on="data-versioning", level="advisory"),
+    Case("versioning-missing", "prod", drop("data-versioning"), ("aws-s3-bucket-versioning",), on="data",
+         level="advisory"),
     Case("versioning-inline", "prod", both(drop("data-versioning"), edit("data", versioning={"enabled": True}))),
-    Case("pab-flag-off", "prod", edit("data-pab", ignorePublicAcls=False), ("aws-s3-bucket-public-access-block",),
+    Case("pab-flag-off", "prod", edit("data-pab", ignorePublicAcls=False), ("aws-s3-publicaccessblock-all-flags",),
          on="data-pab"),
     Case("pab-missing", "prod", drop("data-pab"), ("aws-s3-bucket-public-access-block",), on="data"),
     Case("tls-policy-missing-tls12", "prod", edit("data-policy", policy=json.dumps({"Statement": [
-        json.loads(f.tls_policy("b"))["Statement"][0]]})), ("aws-s3-bucket-tls-only",), on="data"),
+        json.loads(f.tls_policy("b"))["Statement"][0]]})), ("aws-s3-bucketpolicy-tls-only",), on="data-policy"),
+    Case("tls-inline-policy-without-denies", "prod", edit("data", policy=json.dumps({"Statement": []})),
+         ("aws-s3-bucketpolicy-tls-only",), on="data"),
     Case("tls-policy-missing", "prod", drop("data-policy"), ("aws-s3-bucket-tls-only",), on="data"),
     Case("tls-policy-unknown", "prod", edit("data-policy", policy=f.UNKNOWN)),
     Case("acl-public-read", "prod", edit("data", acl="public-read"), ("aws-s3-bucket-no-public-acl",), on="data"),
@@ -147,7 +152,31 @@ CASES = [
     Case("access-logs-missing", "phi", both(*map(drop, ("data-logging", "access-logs", "access-logs-sse",
                                                          "access-logs-versioning", "access-logs-pab",
                                                          "access-logs-policy"))), ("aws-s3-bucket-access-logging",), on="data"),
+    Case("access-logs-missing-personal", "prod", both(*map(drop, ("data-logging", "access-logs", "access-logs-sse",
+                                                                  "access-logs-versioning", "access-logs-pab",
+                                                                  "access-logs-policy"))),
+         ("aws-s3-bucket-access-logging",), on="data"),
     Case("access-logs-not-needed-internal", "dev", nothing),
+    # settings of a bucket that is not in this stack (imported, or another stack's, named by its id)
+    Case("foreign-pab-flag-off", "prod", add(PAB, "imported-pab", {
+        "bucket": "legacy-datasets", "blockPublicAcls": True, "blockPublicPolicy": False, "ignorePublicAcls": True,
+        "restrictPublicBuckets": True}), ("aws-s3-publicaccessblock-all-flags",), on="imported-pab"),
+    Case("foreign-sse-aes256", "prod", add(SSE, "imported-sse", {
+        "bucket": "legacy-datasets", "rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}),
+        ("aws-s3-bucket-sse-kms",), on="imported-sse"),
+    Case("foreign-log-target-sse-s3", "prod", both(
+        add(SSE, "imported-sse", {"bucket": "legacy-logs", "rules": [
+            {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}),
+        add("aws:s3/bucketLogging:BucketLogging", "data-logging-2", {"bucket": "b", "targetBucket": "legacy-logs",
+                                                                     "targetPrefix": "data/"}, {"bucket": ["data"]}))),
+    Case("foreign-versioning-suspended", "prod", add("aws:s3/bucketVersioning:BucketVersioning", "imported-versioning", {
+        "bucket": "legacy-datasets", "versioningConfiguration": {"status": "Suspended"}}),
+        ("aws-s3-bucketversioning-enabled",), on="imported-versioning", level="advisory"),
+    Case("foreign-policy-no-tls", "prod", add("aws:s3/bucketPolicy:BucketPolicy", "imported-policy", {
+        "bucket": "legacy-datasets", "policy": json.dumps({"Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"}, "Action": "s3:GetObject",
+             "Resource": "arn:aws:s3:::legacy-datasets/*"}]})}),
+        ("aws-s3-bucketpolicy-tls-only",), on="imported-policy"),
     # --- EC2 --------------------------------------------------------------------------------------
     Case("imds-optional", "prod", set_path("node", ("metadataOptions", "httpTokens"), "optional"),
          ("aws-ec2-launchtemplate-imdsv2",), on="node"),
@@ -215,6 +244,32 @@ CASES = [
     Case("flow-logs-missing", "phi", drop("flow"), ("aws-ec2-vpc-flow-logs",), on="vpc"),
     Case("flow-logs-reject-only", "phi", edit("flow", trafficType="REJECT"), ("aws-ec2-vpc-flow-logs",), on="flow"),
     Case("flow-logs-not-needed-internal", "dev", drop("flow")),
+    Case("topic-without-subscribers", "prod", drop("alerts-email"), ("aws-sns-topic-alert-subscribers",),
+         on="alerts", level="advisory"),
+    # --- VPC endpoints ----------------------------------------------------------------------------
+    Case("endpoint-no-policy", "prod", pop("sqs", "policy"), ("aws-ec2-vpcendpoint-restricted-policy",), on="sqs"),
+    Case("endpoint-full-access", "prod", edit("sqs", policy=json.dumps({"Statement": [
+        {"Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*"}]})),
+        ("aws-ec2-vpcendpoint-restricted-policy",), on="sqs"),
+    Case("endpoint-principal-account-only", "prod", edit("sqs", policy=json.dumps({"Statement": [
+        {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "*", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": "123456789012"}}}]})),
+        ("aws-ec2-vpcendpoint-restricted-policy",), on="sqs"),
+    Case("endpoint-org-scoped", "prod", edit("sqs", policy=json.dumps({"Statement": [
+        {"Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:PrincipalOrgID": "o-abc", "aws:ResourceOrgID": "o-abc"}}}]}))),
+    Case("endpoint-s3-any-bucket", "prod", edit("s3", policy=json.dumps({"Statement": [
+        {"Effect": "Allow", "Principal": "*", "Action": "s3:PutObject", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": "123456789012"}}}]})),
+        ("aws-ec2-vpcendpoint-restricted-policy",), on="s3"),
+    Case("endpoint-policy-resource", "prod", both(pop("sqs", "policy"), add(
+        "aws:ec2/vpcEndpointPolicy:VpcEndpointPolicy", "sqs-policy",
+        {"vpcEndpointId": "vpce-1", "policy": f.account_only_policy()}, {"vpcEndpointId": ["sqs"]}))),
+    Case("endpoint-policy-resource-open", "prod", add(
+        "aws:ec2/vpcEndpointPolicy:VpcEndpointPolicy", "foreign-policy", {"vpcEndpointId": "vpce-0imported",
+                                                                       "policy": json.dumps({"Statement": [
+            {"Effect": "Allow", "NotPrincipal": {"AWS": "arn:aws:iam::111122223333:root"}, "Action": "*",
+             "Resource": "*"}]})}), ("aws-ec2-vpcendpoint-restricted-policy",), on="foreign-policy"),
     # --- GPU --------------------------------------------------------------------------------------
     Case("efa-partial", "prod", template_nics(f.efa_interfaces(16, "sg-1")), ("aws-ec2-launchtemplate-efa-layout",),
          on="node"),

@@ -77,6 +77,17 @@ def test_policy_pack_ran_without_mandatory_violations(doc):
     assert runner.mandatory_violations(doc) == []
 
 
+def test_alerts_that_reach_nobody_are_warned_in_every_format(doc):
+    from infra.preview import markdown, report
+
+    assert doc["warnings"] == [config.ALERTS_NOBODY]
+    assert config.ALERTS_NOBODY in report.table(doc) and config.ALERTS_NOBODY in markdown.render(doc)
+    assert {v["policy"] for v in doc["policy"]["violations"]} == {"aws-sns-topic-alert-subscribers"}
+    raw, secrets = config.read_stack_file(REPO / f"Pulumi.{doc['stack']}.yaml")
+    subscribed = runner.preview({**raw, "gpufleet:alertEmails": ["ops@example.com"]}, secrets, doc["stack"])
+    assert subscribed["warnings"] == [] and subscribed["policy"]["violations"] == []
+
+
 def test_make_preview_command_exits_0_with_the_table():
     proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "dev"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
@@ -104,6 +115,7 @@ def test_azure_stack_resolves_resource_ids_and_endpoints():
     name = account["id"].rsplit("/", 1)[1]
     assert doc["outputs"]["queueUrl"].startswith(f"https://{name}.queue.core.windows.net/")
     assert runner.mandatory_violations(doc) == []
+    assert doc["warnings"] == [config.ALERTS_NOBODY]  # scale events reach nobody either
 
 
 def test_the_pulumi_host_entry_registers_what_the_preview_shows(doc):

@@ -1,0 +1,262 @@
+"""Every policy against its resource alone, with no siblings: no bucket beside a bucket setting, no launch
+template beside a group, no VPC beside a queue. A check that only follows links from a parent would pass
+these; each must give exactly the verdicts listed (the resource's own faults, and what its missing
+siblings mean, nothing else).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+
+from tests.policies import fixtures as f
+from tests.policies.conftest import names
+
+KEY = f.KEY_ARN
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"
+
+
+def tags(stack: str) -> dict:
+    classification = {"prod": "personal", "dev": "internal", "phi": "phi", "azure": "personal",
+                      "azure-phi": "phi"}[stack]
+    return f.tags(classification, stack)
+
+
+@dataclass
+class Alone:
+    policy: str                       # the policy this fixture is for
+    stack: str
+    type: str
+    inputs: dict
+    verdicts: frozenset[str]          # exactly the policies that report
+    policy_config: Optional[dict] = field(default=None)
+
+
+def _doc(*statements: dict) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": list(statements)})
+
+
+def template(stack: str, **overrides) -> dict:
+    values = {"imageId": "ami-0a1b2c3d4e5f60718",
+              "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required"},
+              "blockDeviceMappings": [{"deviceName": "/dev/sda1", "ebs": {"encrypted": "true", "kmsKeyId": KEY}}],
+              "networkInterfaces": f.efa_interfaces(0, "sg-1"), "tags": tags(stack)}
+    return {**values, **overrides}
+
+
+def instance(**overrides) -> dict:
+    values = {"instanceType": "g6.xlarge", "ami": "ami-0a1b2c3d4e5f60718", "subnetId": "subnet-1",
+              "metadataOptions": {"httpTokens": "required"}, "associatePublicIpAddress": False,
+              "rootBlockDevice": {"encrypted": True, "kmsKeyId": KEY}, "tags": tags("prod")}
+    return {**values, **overrides}
+
+
+def group(stack: str, types: list[str], on_demand: int = 100, **overrides) -> dict:
+    values = {"minSize": 0, "maxSize": 2, "desiredCapacity": 0, "vpcZoneIdentifiers": ["subnet-1"],
+              "mixedInstancesPolicy": {
+                  "instancesDistribution": {"onDemandPercentageAboveBaseCapacity": on_demand},
+                  "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-0imported"},
+                                     "overrides": [{"instanceType": t} for t in types]}},
+              "tags": [{"key": k, "value": v, "propagateAtLaunch": True} for k, v in tags(stack).items()]}
+    return {**values, **overrides}
+
+
+def account(**overrides) -> dict:
+    values = {"resourceGroupName": "rg", "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
+              "enableHttpsTrafficOnly": True, "minimumTlsVersion": "TLS1_2", "allowBlobPublicAccess": False,
+              "allowSharedKeyAccess": False, "publicNetworkAccess": "Disabled", "tags": tags("azure")}
+    return {**values, **overrides}
+
+
+def scale_set(stack: str = "azure", capacity: int = 0, **overrides) -> dict:
+    values = {"resourceGroupName": "rg", "location": "westeurope", "tags": tags(stack),
+              "sku": {"name": "Standard_ND96asr_v4", "tier": "Standard", "capacity": capacity},
+              "orchestrationMode": "Uniform", "singlePlacementGroup": True, "platformFaultDomainCount": 1,
+              "virtualMachineProfile": {
+                  "osProfile": {"adminUsername": "azureuser", "linuxConfiguration": {
+                      "disablePasswordAuthentication": True,
+                      "ssh": {"publicKeys": [{"path": "/home/azureuser/.ssh/authorized_keys", "keyData": SSH_KEY}]}}},
+                  "securityProfile": {"encryptionAtHost": True}}}
+    return {**values, **overrides}
+
+
+BUCKET = "aws:s3/bucket:Bucket"
+BUCKET_MISSING_ALL = frozenset({"aws-s3-bucket-sse-kms", "aws-s3-bucket-versioning", "aws-s3-bucket-public-access-block",
+                                "aws-s3-bucket-tls-only", "aws-s3-bucket-access-logging"})
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+INSTANCE = "aws:ec2/instance:Instance"
+ASG = "aws:autoscaling/group:Group"
+QUEUE = "aws:sqs/queue:Queue"
+LOGS = "aws:cloudwatch/logGroup:LogGroup"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+SA = "azure-native:storage:StorageAccount"
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+NSG = "azure-native:network:NetworkSecurityGroup"
+PHI_WITHOUT_VPC = "aws-ec2-vpc-flow-logs"   # a phi stack with AWS resources and no VPC declares no flow log
+
+
+def one(*policies: str) -> frozenset[str]:
+    return frozenset(policies)
+
+
+ALONE = [
+    # --- S3: settings resources whose bucket is elsewhere, and a bucket without settings -----------
+    Alone("aws-s3-bucket-sse-kms", "prod", "aws:s3/bucketServerSideEncryptionConfiguration:"
+          "BucketServerSideEncryptionConfiguration",
+          {"bucket": "legacy", "rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]},
+          one("aws-s3-bucket-sse-kms")),
+    Alone("aws-s3-bucket-versioning", "prod", BUCKET, {"tags": tags("prod")}, BUCKET_MISSING_ALL),
+    Alone("aws-s3-bucketversioning-enabled", "prod", "aws:s3/bucketVersioning:BucketVersioning",
+          {"bucket": "legacy", "versioningConfiguration": {"status": "Suspended"}},
+          one("aws-s3-bucketversioning-enabled")),
+    Alone("aws-s3-bucket-public-access-block", "prod", BUCKET, {"tags": tags("prod")}, BUCKET_MISSING_ALL),
+    Alone("aws-s3-publicaccessblock-all-flags", "prod", "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+          {"bucket": "legacy", "blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": False,
+           "restrictPublicBuckets": True}, one("aws-s3-publicaccessblock-all-flags")),
+    Alone("aws-s3-bucket-tls-only", "prod", BUCKET, {"tags": tags("prod")}, BUCKET_MISSING_ALL),
+    Alone("aws-s3-bucketpolicy-tls-only", "prod", "aws:s3/bucketPolicy:BucketPolicy",
+          {"bucket": "legacy", "policy": _doc({"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::1:root"},
+                                              "Action": "s3:GetObject", "Resource": "arn:aws:s3:::legacy/*"})},
+          one("aws-s3-bucketpolicy-tls-only")),
+    Alone("aws-s3-bucket-no-public-acl", "prod", "aws:s3/bucketAcl:BucketAcl",
+          {"bucket": "legacy", "acl": "public-read"}, one("aws-s3-bucket-no-public-acl")),
+    Alone("aws-s3-bucket-access-logging", "prod", BUCKET, {"tags": tags("prod")}, BUCKET_MISSING_ALL),
+    # --- EC2 --------------------------------------------------------------------------------------
+    Alone("aws-ec2-launchtemplate-imdsv2", "prod", LT, template("prod", metadataOptions={"httpTokens": "optional"}),
+          one("aws-ec2-launchtemplate-imdsv2")),
+    Alone("aws-ec2-instance-imdsv2", "prod", INSTANCE, instance(metadataOptions=None), one("aws-ec2-instance-imdsv2")),
+    Alone("aws-ec2-launchtemplate-ebs-encrypted", "prod", LT,
+          template("prod", blockDeviceMappings=[{"deviceName": "/dev/sda1", "ebs": {"encrypted": "false"}}]),
+          one("aws-ec2-launchtemplate-ebs-encrypted")),
+    Alone("aws-ec2-instance-ebs-encrypted", "prod", INSTANCE, instance(rootBlockDevice={"encrypted": False}),
+          one("aws-ec2-instance-ebs-encrypted")),
+    Alone("aws-ebs-volume-encrypted", "prod", "aws:ebs/volume:Volume",
+          {"availabilityZone": "eu-north-1a", "size": 100, "encrypted": False, "tags": tags("prod")},
+          one("aws-ebs-volume-encrypted")),
+    Alone("aws-ec2-launchtemplate-no-public-ip", "prod", LT,
+          template("prod", networkInterfaces=[{"deviceIndex": 0, "associatePublicIpAddress": "true"}]),
+          one("aws-ec2-launchtemplate-no-public-ip")),
+    Alone("aws-ec2-instance-no-public-ip", "prod", INSTANCE, instance(associatePublicIpAddress=True),
+          one("aws-ec2-instance-no-public-ip")),
+    Alone("aws-ec2-subnet-no-public-ip-on-launch", "prod", "aws:ec2/subnet:Subnet",
+          {"vpcId": "vpc-1", "cidrBlock": "10.0.0.0/24", "mapPublicIpOnLaunch": True, "tags": tags("prod")},
+          one("aws-ec2-subnet-no-public-ip-on-launch")),
+    Alone("aws-ec2-securitygroup-no-internet-ingress", "prod",
+          "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+          {"securityGroupId": "sg-1", "ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "0.0.0.0/0"},
+          one("aws-ec2-securitygroup-no-internet-ingress")),
+    Alone("aws-ec2-vpcendpoint-restricted-policy", "prod", "aws:ec2/vpcEndpoint:VpcEndpoint",
+          {"vpcId": "vpc-1", "serviceName": "com.amazonaws.eu-north-1.sqs", "vpcEndpointType": "Interface",
+           "tags": tags("prod")}, one("aws-ec2-vpcendpoint-restricted-policy")),
+    # --- IAM --------------------------------------------------------------------------------------
+    Alone("aws-iam-policy-no-wildcard-actions", "prod", ROLE_POLICY,
+          {"role": "r", "policy": _doc({"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::b/*"})},
+          one("aws-iam-policy-no-wildcard-actions")),
+    Alone("aws-iam-policy-no-unconditioned-wildcard-write", "prod", ROLE_POLICY,
+          {"role": "r", "policy": _doc({"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*"})},
+          one("aws-iam-policy-no-unconditioned-wildcard-write")),
+    Alone("aws-iam-attachment-no-admin-managed-policy", "prod", "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+          {"role": "r", "policyArn": "arn:aws:iam::aws:policy/AdministratorAccess"},
+          one("aws-iam-attachment-no-admin-managed-policy")),
+    # --- KMS, SQS, logs, alerts -------------------------------------------------------------------
+    Alone("aws-kms-key-rotation", "prod", "aws:kms/key:Key", {"enableKeyRotation": False, "tags": tags("prod")},
+          one("aws-kms-key-rotation")),
+    Alone("aws-sqs-queue-encrypted", "prod", QUEUE, {"tags": tags("prod")}, one("aws-sqs-queue-encrypted")),
+    Alone("aws-cloudwatch-loggroup-encrypted", "prod", LOGS, {"retentionInDays": 365, "tags": tags("prod")},
+          one("aws-cloudwatch-loggroup-encrypted")),
+    Alone("aws-cloudwatch-loggroup-retention", "prod", LOGS, {"kmsKeyId": KEY, "tags": tags("prod")},
+          one("aws-cloudwatch-loggroup-retention")),
+    Alone("aws-ec2-vpc-flow-logs", "phi", "aws:ec2/vpc:Vpc", {"cidrBlock": "10.42.0.0/16", "tags": tags("phi")},
+          one("aws-ec2-vpc-flow-logs")),
+    Alone("aws-sns-topic-alert-subscribers", "prod", "aws:sns/topic:Topic", {"kmsMasterKeyId": KEY, "tags": tags("prod")},
+          one("aws-sns-topic-alert-subscribers")),
+    # --- GPU --------------------------------------------------------------------------------------
+    Alone("aws-ec2-launchtemplate-efa-layout", "prod", LT,
+          template("prod", instanceType="p5.48xlarge", networkInterfaces=f.efa_interfaces(16, "sg-1")),
+          one("aws-ec2-launchtemplate-efa-layout", "aws-ec2-securitygroup-efa-self-traffic")),
+    Alone("aws-ec2-securitygroup-efa-self-traffic", "prod", LT,
+          template("prod", instanceType="p5.48xlarge", networkInterfaces=f.efa_interfaces(32, "sg-1")),
+          one("aws-ec2-securitygroup-efa-self-traffic")),
+    Alone("aws-autoscaling-group-efa-cluster", "prod", ASG,
+          group("prod", ["p5.48xlarge"], minSize=4, maxSize=4, desiredCapacity=4),
+          one("aws-autoscaling-group-efa-cluster")),
+    Alone("aws-autoscaling-group-spot-lifecycle", "dev", ASG, group("dev", ["g6.xlarge"], on_demand=0),
+          one("aws-autoscaling-group-spot-lifecycle")),
+    Alone("aws-autoscaling-group-gpu-quota", "prod", ASG,
+          group("prod", ["p5.48xlarge"], maxSize=16, placementGroup="cluster-1"),
+          one("aws-autoscaling-group-gpu-quota", "aws-autoscaling-group-monthly-ceiling")),
+    Alone("aws-autoscaling-group-queue-scale-to-zero", "dev", ASG, group("dev", ["g6.xlarge"], minSize=1),
+          one("aws-autoscaling-group-queue-scale-to-zero")),
+    Alone("aws-autoscaling-group-monthly-ceiling", "dev", ASG, group("dev", ["g6.xlarge"], maxSize=20),
+          one("aws-autoscaling-group-monthly-ceiling")),
+    Alone("azure-compute-vmss-queue-scale-to-zero", "azure", VMSS, scale_set(capacity=1),
+          one("azure-compute-vmss-queue-scale-to-zero")),
+    Alone("azure-compute-vmss-gpu-quota", "azure", VMSS, scale_set(capacity=10),
+          one("azure-compute-vmss-gpu-quota", "azure-compute-vmss-queue-scale-to-zero")),
+    Alone("azure-compute-vmss-monthly-ceiling", "azure", VMSS, scale_set(capacity=1),
+          one("azure-compute-vmss-monthly-ceiling", "azure-compute-vmss-queue-scale-to-zero"),
+          policy_config={"azure-compute-vmss-monthly-ceiling": {"monthlyCeilingUsd": 1}}),
+    # --- Azure ------------------------------------------------------------------------------------
+    Alone("azure-storage-account-https-only", "azure", SA, account(enableHttpsTrafficOnly=False),
+          one("azure-storage-account-https-only")),
+    Alone("azure-storage-account-min-tls", "azure", SA, account(minimumTlsVersion="TLS1_0"),
+          one("azure-storage-account-min-tls")),
+    Alone("azure-storage-account-no-public-blob", "azure", SA, account(allowBlobPublicAccess=True),
+          one("azure-storage-account-no-public-blob")),
+    Alone("azure-storage-account-no-shared-key", "azure", SA, account(allowSharedKeyAccess=True),
+          one("azure-storage-account-no-shared-key")),
+    Alone("azure-storage-account-restricted-network", "azure", SA, account(publicNetworkAccess="Enabled"),
+          one("azure-storage-account-restricted-network")),
+    Alone("azure-compute-vmss-infiniband-layout", "azure", VMSS, scale_set(platformFaultDomainCount=5),
+          one("azure-compute-vmss-infiniband-layout")),
+    Alone("azure-compute-vmss-ssh-keys-only", "azure", VMSS, scale_set(virtualMachineProfile={
+        "osProfile": {"adminUsername": "azureuser", "adminPassword": "[secret]",
+                      "linuxConfiguration": {"disablePasswordAuthentication": False}},
+        "securityProfile": {"encryptionAtHost": True}}), one("azure-compute-vmss-ssh-keys-only")),
+    Alone("azure-compute-vmss-encryption-at-host", "azure", VMSS, scale_set(virtualMachineProfile={
+        "osProfile": {"adminUsername": "azureuser", "linuxConfiguration": {
+            "disablePasswordAuthentication": True,
+            "ssh": {"publicKeys": [{"path": "/home/azureuser/.ssh/authorized_keys", "keyData": SSH_KEY}]}}}}),
+        one("azure-compute-vmss-encryption-at-host")),
+    Alone("azure-network-nsg-no-internet-inbound", "azure", NSG, {"resourceGroupName": "rg", "tags": tags("azure"),
+          "securityRules": [{"name": "ssh", "direction": "Inbound", "access": "Allow", "priority": 200,
+                             "protocol": "Tcp", "sourceAddressPrefix": "Internet", "destinationPortRange": "22"}]},
+          one("azure-network-nsg-no-internet-inbound")),
+    # --- compliance -------------------------------------------------------------------------------
+    Alone("aws-any-resource-gdpr-region", "prod", QUEUE, {"kmsMasterKeyId": KEY, "region": "us-east-1",
+                                                          "tags": tags("prod")}, one("aws-any-resource-gdpr-region")),
+    Alone("azure-any-resource-gdpr-region", "azure", SA, account(location="eastus"),
+          one("azure-any-resource-gdpr-region")),
+    Alone("aws-ec2-instancetype-hipaa-eligible", "phi", LT,
+          template("phi", instanceType="g6.xlarge"),
+          one("aws-ec2-instancetype-hipaa-eligible", PHI_WITHOUT_VPC)),
+    Alone("azure-compute-vmsize-hipaa-eligible", "azure-phi", VMSS, scale_set("azure-phi"),
+          one("azure-compute-vmsize-hipaa-eligible"),
+          policy_config={"azure-compute-vmsize-hipaa-eligible": {"eligibleTypes": ["Standard_ND96isr_H100_v5"]}}),
+    Alone("aws-kms-phi-cmk-encryption", "phi", QUEUE, {"kmsMasterKeyId": "alias/aws/sqs", "tags": tags("phi")},
+          one("aws-kms-phi-cmk-encryption", PHI_WITHOUT_VPC)),
+    Alone("azure-storage-account-phi-cmk", "azure-phi", SA, account(tags=tags("azure-phi")),
+          one("azure-storage-account-phi-cmk")),
+    Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY}, one("aws-any-resource-cost-tags")),
+    Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
+          one("azure-any-resource-cost-tags")),
+]
+
+
+@pytest.mark.parametrize("case", ALONE, ids=[c.policy for c in ALONE])
+def test_resource_alone(packs, case: Alone):
+    s = f.Stack(case.stack)
+    subject = s.add(case.type, "subject", case.inputs)
+    verdicts = packs.run(case.stack, s.resources, case.policy_config)
+    assert names(verdicts) == case.verdicts, [(v["policy"], v["message"]) for v in verdicts["violations"]]
+    assert verdicts["skipped"] == []
+    own = [v for v in verdicts["violations"] if v["policy"] == case.policy]
+    assert own and all(v["urn"] == subject["urn"] for v in own), [v["urn"] for v in own]
+    # every other verdict is about the subject too, or about the stack as a whole
+    assert all(v["urn"] in (subject["urn"], None) for v in verdicts["violations"])
+
+
+def test_every_policy_has_a_resource_alone(packs):
+    assert {p["name"] for p in packs.get("prod").policies()} == {c.policy for c in ALONE}
