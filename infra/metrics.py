@@ -6,14 +6,7 @@ stats and dashboard metric rows and searches, in the namespace and with the dime
 """
 from __future__ import annotations
 
-# STAGING: moves to trainer/node/metric_names.py once the trainer regroup lands.
-ASG, INSTANCE = "AutoScalingGroupName", "InstanceId"
-DIMENSION_SETS = ((ASG,), (ASG, INSTANCE))
-GPU_UTILIZATION = "GPUUtilization"
-
-
-def namespace(stack: str) -> str:
-    return f"gpufleet/{stack}"
+from trainer.node.metric_names import ASG, GPU_UTILIZATION, INSTANCE, namespace  # noqa: F401  (re-exported)
 
 
 def alarm_metric(namespace_: str, name: str, asg: str, stat: str, period: int) -> dict:

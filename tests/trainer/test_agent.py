@@ -18,6 +18,7 @@ from tests.trainer.fake_imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
 from trainer.node.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
                            visibility_extension)
+from trainer.node import emf
 from trainer.node.emf import Emitter
 from trainer.clouds.aws import LIFECYCLE, NodePlatform, SqsJobQueue
 from trainer.jobs.queue import Job
@@ -42,6 +43,26 @@ def agent(url, tmp_path, name, **kw) -> Agent:
     kw.setdefault("emitter", Emitter("gpufleet/test", io.StringIO()))
     return Agent(SqsJobQueue(url), "ckpt", kw.pop("node", {}), tmp_path / name, wait_s=kw.pop("wait_s", 0),
                  nproc=0, **kw)
+
+
+def test_an_aws_node_publishes_gpu_utilisation_for_its_group_and_itself_while_idle(aws, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """With no job at all the agent still measures its GPUs, under the group's and the node's dimensions."""
+    _, url, _ = aws
+    monkeypatch.setattr(emf, "gpu_utilisation", lambda: 0.0)
+    node = {"cloud": "aws", "asg_name": "gpufleet-test-nodes", "metric_namespace": "gpufleet/test",
+            "region": "eu-west-1"}
+    with FakeImds(instance_id="i-0feedface0000001") as imds:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
+        idle = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0,
+                     platform=NodePlatform(node, autoscaling=LifecycleStubbed()))
+        assert idle.serve(once=True) == 0
+    (doc,) = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if '"_aws"' in ln]
+    assert doc["GPUUtilization"] == 0.0 and doc["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "gpufleet/test"
+    assert doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["AutoScalingGroupName"],
+                                                                 ["AutoScalingGroupName", "InstanceId"]]
+    assert (doc["AutoScalingGroupName"], doc["InstanceId"]) == ("gpufleet-test-nodes", "i-0feedface0000001")
 
 
 def test_job_args_defaults():

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from trainer.errors import UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.storage import MiB, Store
+from trainer.node import metric_names
 from trainer.node.platform import Platform
 from trainer.node.rendezvous import Board, RendezvousError, discover
 
@@ -333,6 +334,11 @@ class NodePlatform(Platform):
             region = self.node.get("region") or (self.imds.region() if self.instance_id else None)
             self._clients[service] = boto3.client(service, region_name=region)
         return self._clients[service]
+
+    def metric_dimensions(self) -> dict[str, str]:
+        """The group (node.json's, else the one the instance is in) and this instance: what the stack's
+        dashboard and alarms read."""
+        return metric_names.dimensions(self.asg or self.node.get("asg_name"), self.instance_id)
 
     def protect(self, on: bool) -> None:
         if not self.asg:

@@ -31,6 +31,7 @@ from pathlib import Path
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import Job, JobQueue, Message, open_queue, parse_job
+from trainer.node import metric_names
 from trainer.node.platform import Platform, open_platform
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 
@@ -163,8 +164,8 @@ class Agent:
             nproc = HostProbe().gpu_count()
         self.nproc = nproc
         self.platform = platform or open_platform(node)
-        namespace = node.get("metric_namespace") or f"gpufleet/{node.get('stack', 'default')}"
-        self.emitter = emitter or Emitter(namespace, sys.stdout)
+        namespace = node.get("metric_namespace") or metric_names.namespace(node.get("stack", "default"))
+        self.emitter = emitter or Emitter(namespace, sys.stdout, self.platform.metric_dimensions())
         self.emf_interval_s = emf_interval_s
         self.stopping: str | None = None
         self.idle = "no job in the queue"  # logged when --once finds nothing to do
@@ -173,7 +174,10 @@ class Agent:
 
     def serve(self, once: bool = False) -> int:
         """Handle messages until stopped (or one with ``once``); returns the last job's exit status."""
+        from trainer.node.emf import GpuSampler
+
         restore = self._install_signals()
+        gpus = GpuSampler(self.emitter, self.emf_interval_s).start()
         status = EXIT_OK
         try:
             while not self.stopping:
@@ -205,6 +209,7 @@ class Agent:
                     return status
             return EXIT_PREEMPTED if self.stopping else status
         finally:
+            gpus.close()
             restore()
 
     def next_work(self) -> Message | None:
@@ -238,7 +243,7 @@ class Agent:
         if rc == EXIT_PREEMPTED:
             self.queue.release(msg)  # checkpoint safe: another node may resume it now
             lost = self._steps_lost(uri, tail.last_step)
-            self.emitter.emit({"Preemptions": (1.0, "Count"), "StepsLost": (float(lost), "Count")})
+            self.emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
             log.info("job %s: stopped after a checkpoint; message handed back (%d steps lost)", job.job_id, lost)
             self.settle(preempted=True)
             return EXIT_PREEMPTED

@@ -2,8 +2,10 @@
 
 The CloudWatch agent ships the lines to the log group ``/gpufleet/<stack>``, where CloudWatch
 extracts the metrics into the namespace ``gpufleet/<stack>`` (the one the node's IAM policy allows).
-The agent summarises the train run's ``--metrics-file`` once a minute: throughput, step time,
-data-wait share, GPU utilisation; and records events: preemptions, steps lost, checkpoint seconds.
+Names, units and dimensions come from :mod:`trainer.node.metric_names`, which the stack's dashboard and
+alarms read too. The agent samples GPU utilisation once a minute for as long as it runs, busy or idle,
+summarises the train run's ``--metrics-file`` once a minute (throughput, step time, data-wait share,
+checkpoint seconds) and records events: preemptions, steps lost.
 """
 from __future__ import annotations
 
@@ -16,25 +18,28 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from trainer.node import metric_names as names
 
-def record(namespace: str, dimensions: dict[str, str], metrics: dict[str, tuple[float, str]],
+
+def record(namespace: str, dimensions: dict[str, str], metrics: dict[str, float],
            timestamp_ms: int | None = None) -> dict:
-    """One EMF document: metric values at the top level, their definitions under ``_aws``."""
+    """One EMF document: metric values at the top level, their definitions (units from metric_names)
+    under ``_aws``, published under every dimension set the values allow."""
     return {
         "_aws": {
             "Timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
             "CloudWatchMetrics": [{
                 "Namespace": namespace,
-                "Dimensions": [sorted(dimensions)],
-                "Metrics": [{"Name": name, "Unit": unit} for name, (_, unit) in metrics.items()],
+                "Dimensions": names.dimension_sets(dimensions),
+                "Metrics": [{"Name": name, "Unit": names.UNITS[name]} for name in metrics],
             }],
         },
         **dimensions,
-        **{name: value for name, (value, _) in metrics.items()},
+        **metrics,
     }
 
 
-def summarize(records: list[dict]) -> dict[str, tuple[float, str]]:
+def summarize(records: list[dict]) -> dict[str, float]:
     """Means over one interval of train's metrics-file lines: step records, and any with ``checkpoint_s``."""
     out = {}
     steps = [r for r in records if "samples_per_s" in r]
@@ -43,14 +48,14 @@ def summarize(records: list[dict]) -> dict[str, tuple[float, str]]:
             return sum(float(s[key]) for s in steps) / len(steps)
 
         out = {
-            "Throughput": (mean("samples_per_s"), "Count/Second"),
-            "StepTime": (mean("step_time_s"), "Seconds"),
-            "DataWaitShare": (100.0 * mean("data_wait_frac"), "Percent"),
-            "Steps": (float(len(steps)), "Count"),
+            names.THROUGHPUT: mean("samples_per_s"),
+            names.STEP_TIME: mean("step_time_s"),
+            names.DATA_WAIT_SHARE: 100.0 * mean("data_wait_frac"),
+            names.STEPS: float(len(steps)),
         }
     saves = [float(r["checkpoint_s"]) for r in records if "checkpoint_s" in r]
     if saves:
-        out["CheckpointSeconds"] = (max(saves), "Seconds")
+        out[names.CHECKPOINT_SECONDS] = max(saves)
     return out
 
 
@@ -86,25 +91,71 @@ class Emitter:
         self.dimensions = dimensions or {}
         self._lock = threading.Lock()
 
-    def emit(self, metrics: dict[str, tuple[float, str]], **dims: str) -> None:
+    def emit(self, metrics: dict[str, float]) -> None:
         if not metrics:
             return
-        line = json.dumps(record(self.namespace, {**self.dimensions, **dims}, metrics), separators=(",", ":"))
+        line = json.dumps(record(self.namespace, self.dimensions, metrics), separators=(",", ":"))
         with self._lock:
             self.out.write(line + "\n")
             self.out.flush()
 
 
-class MetricsTail:
-    """Follows a train metrics file and emits one summary per interval (plus a last one on close)."""
+class _Every:
+    """Calls ``flush`` every ``interval_s`` on a thread, and once more on close."""
 
-    def __init__(self, path: str | os.PathLike, emitter: Emitter, interval_s: float = 60.0,
-                 gpu=gpu_utilisation):
-        self.path, self.emitter, self.interval_s, self.gpu = Path(path), emitter, interval_s, gpu
-        self.offset = 0
-        self.last_step: int | None = None
+    interval_s: float
+    thread_name = "emf"
+
+    def __init__(self):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.flush()
+
+
+class GpuSampler(_Every):
+    """Emits this node's GPU utilisation once per interval while the agent runs, with or without a job:
+    the idle-GPU alarm needs measurements of idle GPUs, not silence (nothing without GPUs)."""
+
+    thread_name = "emf-gpu"
+
+    def __init__(self, emitter: Emitter, interval_s: float = 60.0, gpu=None):
+        super().__init__()
+        self.emitter, self.interval_s = emitter, interval_s
+        self.gpu = gpu if gpu is not None else gpu_utilisation
+
+    def flush(self) -> None:
+        util = self.gpu()
+        if util is not None:
+            self.emitter.emit({names.GPU_UTILIZATION: util})
+
+
+class MetricsTail(_Every):
+    """Follows a train metrics file and emits one summary per interval (plus a last one on close)."""
+
+    thread_name = "emf-tail"
+
+    def __init__(self, path: str | os.PathLike, emitter: Emitter, interval_s: float = 60.0):
+        super().__init__()
+        self.path, self.emitter, self.interval_s = Path(path), emitter, interval_s
+        self.offset = 0
+        self.last_step: int | None = None
 
     def read_new(self) -> list[dict]:
         """Complete lines appended since the last read (a half-written last line waits)."""
@@ -122,23 +173,4 @@ class MetricsTail:
         return steps
 
     def flush(self) -> None:
-        metrics = summarize(self.read_new())
-        util = self.gpu()
-        if util is not None:
-            metrics["GPUUtilization"] = (util, "Percent")
-        self.emitter.emit(metrics)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.flush()
-
-    def start(self) -> "MetricsTail":
-        self._thread = threading.Thread(target=self._run, name="emf-tail", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-        self.flush()
+        self.emitter.emit(summarize(self.read_new()))

@@ -27,6 +27,10 @@ class Platform:
     def let_go(self) -> None:
         """The checkpoint is safe and the message handed back: let the platform stop this node now."""
 
+    def metric_dimensions(self) -> dict[str, str]:
+        """The dimension values of this node's metrics (trainer.node.metric_names): none off any group."""
+        return {}
+
     def instance_type(self) -> str | None:
         """This node's instance type from the platform, or None when it cannot tell."""
         return None
