@@ -141,17 +141,22 @@ def refresh(ec2_client) -> dict[str, dict[str, tuple]]:
     return diffs
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def configure(parser) -> None:
+    """The catalog's commands (on ``python -m infra.catalog`` and on ``gpufleet catalog``)."""
+    from infra import cli
+
+    commands = cli.add_commands(parser, "catalog_command")
+    commands.add_parser("list", help="print the catalog", description="print the catalog")
+    ref = commands.add_parser("refresh", help="compare hardware facts with EC2 DescribeInstanceTypes",
+                              description="compare hardware facts with EC2 DescribeInstanceTypes "
+                              "(boto3's credentials and AWS_ENDPOINT_URL apply); exit 1 when they differ")
+    ref.add_argument("--region", default=PRICE_REGION["aws"], help="EC2 region to ask")
+
+
+def run(args) -> int:
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m infra.catalog")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="print the catalog")
-    ref = sub.add_parser("refresh", help="compare hardware facts with EC2 DescribeInstanceTypes")
-    ref.add_argument("--region", default=PRICE_REGION["aws"])
-    args = parser.parse_args(argv)
-    if args.cmd == "list":
+    if args.catalog_command == "list":
         for t in CATALOG.values():
             print(f"{t.name:28} {t.cloud:5} {t.gpus}x {t.gpu_model:5} {t.gpu_memory_gib:>3} GiB  "
                   f"efa={t.max_efa:<2} ib={t.infiniband_gbps:<4} ${t.price_usd_hour}/h")
@@ -168,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {field}: catalog {ours!r}, EC2 {theirs!r}")
     print(f"{len(names('aws'))} types checked, {len(diffs)} differ")
     return 1 if diffs else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from infra import cli
+
+    parser = cli.ArgumentParser(prog="python -m infra.catalog", description="The GPU instance catalog.")
+    configure(parser)
+    return cli.guarded(lambda: run(parser.parse_args(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""``python -m infra.preview``: what a stack would create, offline (no cloud account, no Pulumi CLI).
+"""``python -m infra.preview`` (also ``gpufleet preview``): what a stack would create, offline (no cloud
+account, no Pulumi CLI).
 
     python -m infra.preview (--stack NAME | --config-file PATH) [--format table|json|markdown]
-                            [--policy-config FILE] [--diff BASE.json] [--out FILE]
+                            [--policy-config FILE] [--diff BASE.json] [--out FILE] [--project-dir DIR]
 
 Exit status: 0 clean; 1 mandatory policy violations; 2 bad input or a failing program, told in one
 line on stderr.
@@ -14,40 +15,35 @@ import re
 import sys
 from pathlib import Path
 
-from infra import config
+from infra import ROOT, cli, config
 from infra.config import ConfigError
 from infra.preview import runner
 
-REPO = Path(__file__).resolve().parents[2]
 FORMATS = ("table", "json", "markdown")
 
 
-class UsageError(Exception):
-    """Bad command-line arguments; str() is one line."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line instead of usage + message
-        raise UsageError(f"{message} ({' '.join(self.format_usage().split())})")
-
-
-def _parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m infra.preview", description="Offline preview of a gpufleet stack.")
+def configure(p: argparse.ArgumentParser) -> None:
+    """The preview's flags (on ``python -m infra.preview`` and on ``gpufleet preview``)."""
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", help="read Pulumi.<NAME>.yaml from the repository root")
-    source.add_argument("--config-file", metavar="PATH", help="a Pulumi stack file")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    source.add_argument("--stack", metavar="NAME", help="preview Pulumi.<NAME>.yaml of the project, or of --project-dir")
+    source.add_argument("--config-file", metavar="PATH", help="preview this Pulumi stack file")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table: resources as a tree; json: the preview document; markdown: a pull-request comment")
     p.add_argument("--policy-config", metavar="FILE", help="policy pack config (JSON or YAML)")
     p.add_argument("--diff", metavar="BASE.json", help="a base preview (--format json) to compare with")
     p.add_argument("--out", metavar="FILE", help="write the report here instead of stdout")
-    return p.parse_args(argv)
+    p.add_argument("--project-dir", metavar="DIR", type=Path, default=ROOT,
+                   help="the project whose Pulumi.<NAME>.yaml --stack reads")
 
 
-def stack_file(name: str) -> Path:
-    known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+def stack_file(name: str, project: Path = ROOT) -> Path:
+    """``Pulumi.<name>.yaml`` of ``project``; any other name is a ConfigError listing the known stacks."""
+    if not project.is_dir():
+        raise ConfigError("--project-dir", str(project), "a directory holding Pulumi.<stack>.yaml files")
+    known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project.glob("Pulumi.*.yaml"))
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) or name not in known:
-        raise ConfigError("--stack", name, f"known stacks: {', '.join(known)}")
-    return REPO / f"Pulumi.{name}.yaml"
+        raise ConfigError("--stack", name, f"known stacks: {', '.join(known) or 'none'} (in {project})")
+    return project / f"Pulumi.{name}.yaml"
 
 
 def stack_name(path: Path) -> str:
@@ -79,10 +75,9 @@ def render(doc: dict, fmt: str) -> str:
     return report.table(doc)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
-        args = _parse_args(sys.argv[1:] if argv is None else argv)
-        path = stack_file(args.stack) if args.stack else Path(args.config_file)
+        path = stack_file(args.stack, args.project_dir) if args.stack else Path(args.config_file)
         raw, secret_keys = config.read_stack_file(path)
         policy_config = (_read_doc("--policy-config", args.policy_config, "a readable JSON or YAML map")
                          if args.policy_config else None)
@@ -100,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--out", args.out, f"a writable file path ({exc.strerror})") from None
         else:
             sys.stdout.write(text)
-    except (ConfigError, UsageError) as exc:
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except runner.ProgramError as exc:
@@ -114,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preview: {len(mandatory)} mandatory policy violation(s)", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.ArgumentParser(prog="python -m infra.preview", description="Offline preview of a gpufleet stack.")
+    configure(parser)
+    return cli.guarded(lambda: run(parser.parse_args(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":
