@@ -1,27 +1,38 @@
-# gpufleet: make venv | make test | make preview STACK=dev | make bench
+# gpufleet: make preview STACK=dev | make test | make demo | make bench   (make tools, make venv: what they need)
 PY      := .venv/bin/python
 STACK   ?= dev
 FORMAT  ?= table
 PYTEST_ARGS ?=
+# setuptools warns on every editable install of a flat layout; the warning is about the working directory
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-deps
 
-.PHONY: venv test preview bench clean
+.PHONY: tools venv test preview demo bench clean
+# The programs the tests and the demo run (Debian packages, Azurite from npm); skips what is present.
+tools:
+	bash tools/install.sh
+
 venv: .venv/.installed
 
-.venv/.installed: requirements.txt requirements.lock trainer/pyproject.toml
+.venv/.installed: requirements.txt requirements.lock pyproject.toml trainer/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
-	$(PY) -m pip install --quiet --no-deps -e trainer/
+	$(EDITABLE) -e trainer/
+	$(EDITABLE) -e .
 	touch $@
 
-test: venv
+test: tools venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 preview: venv
 	$(PY) -m infra.preview --stack $(STACK) --format $(FORMAT)
 
-bench: venv
+demo: tools venv
+	.venv/bin/gpufleet demo
+
+bench: tools venv
 	$(PY) -m bench.run
+	$(PY) -m bench.readme
 
 clean:
-	rm -rf .venv .pytest_cache bench/results.json
+	rm -rf .venv node_modules .pytest_cache bench/results.json

@@ -17,10 +17,10 @@ NEWER_THAN_PACKER_1_6_6 = ("metadata_options", "imds_support")
 
 
 def require(tool: str) -> str:
-    """Path of a tool the tests need; a missing tool fails the test (CI installs it), never skips it."""
+    """Path of a tool the tests need; a missing tool fails the test (`make tools` installs it), never skips it."""
     path = shutil.which(tool)
     if path is None:
-        pytest.fail(f"{tool} is not installed; .ci/run installs it from Debian's packages", pytrace=False)
+        pytest.fail(f"{tool} is not installed; `make tools` installs it from Debian's packages", pytrace=False)
     return path
 
 

@@ -35,7 +35,7 @@ AZURE_NODE = {
 def cloud_init_schema(text: str, tmp_path: Path) -> subprocess.CompletedProcess:
     tool = shutil.which("cloud-init")
     if tool is None:
-        pytest.fail("cloud-init is not installed; .ci/run installs it from Debian's packages", pytrace=False)
+        pytest.fail("cloud-init is not installed; `make tools` installs it from Debian's packages", pytrace=False)
     path = tmp_path / "user-data"
     path.write_text(text)
     return subprocess.run([tool, "schema", "--config-file", str(path)], capture_output=True, text=True, timeout=60)
