@@ -25,7 +25,8 @@ FORMATS = ("table", "json", "markdown")
 def configure(p: argparse.ArgumentParser) -> None:
     """The preview's flags (on ``python -m infra.preview`` and on ``gpufleet preview``)."""
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", metavar="NAME", help="preview Pulumi.<NAME>.yaml of the project, or of --project-dir")
+    source.add_argument("--stack", metavar="NAME",
+                        help="preview Pulumi.<NAME>.yaml of the project, or of --project-dir")
     source.add_argument("--config-file", metavar="PATH", help="preview this Pulumi stack file")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table: resources as a tree; json: the preview document; markdown: a pull-request comment")

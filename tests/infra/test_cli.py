@@ -28,10 +28,14 @@ def gpufleet() -> Path:
     return SCRIPT
 
 
-def call(gpufleet: Path, *args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, nothing else
-    return subprocess.run([str(gpufleet), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, **kwargs)
+def installed_env() -> dict[str, str]:
+    """No PYTHONPATH: the installed package, nothing else; wide help lines, so no path is wrapped."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "COLUMNS": "500"}
+
+
+def call(gpufleet: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(gpufleet), *args], cwd=cwd, env=installed_env(), capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_the_script_runs_this_checkout(gpufleet, tmp_path):
@@ -164,16 +168,16 @@ def test_help_on_every_level_lists_its_commands_flags_choices_and_defaults(gpufl
 def test_ctrl_c_exits_130_without_a_traceback(gpufleet, tmp_path):
     fifo = tmp_path / "Pulumi.fifo.yaml"
     os.mkfifo(fifo)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([str(gpufleet), "preview", "--config-file", str(fifo)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(gpufleet), "preview", "--config-file", str(fifo)], cwd=tmp_path,
+                            env=installed_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         writer = None
         while writer is None:  # opens once the command is reading the stack file, i.e. inside the command
             try:
                 writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as exc:
-                assert exc.errno == errno.ENXIO and proc.poll() is None, proc.stderr.read() if proc.poll() else exc
+                if exc.errno != errno.ENXIO or proc.poll() is not None:
+                    pytest.fail(f"the command ended before reading its stack file: {proc.communicate()}")
                 time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -184,8 +188,7 @@ def test_ctrl_c_exits_130_without_a_traceback(gpufleet, tmp_path):
 
 
 def test_python_m_infra_preview_works_from_outside_the_project(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "nope"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "nope"], cwd=tmp_path,
+                          env=installed_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --stack: 'nope' is not allowed; known stacks: ")
     assert f"(in {REPO})" in proc.stderr
