@@ -35,4 +35,4 @@ bench: tools venv
 	$(PY) -m bench.readme
 
 clean:
-	rm -rf .venv node_modules .pytest_cache bench/results.json
+	rm -rf .venv node_modules package-lock.json *.egg-info trainer/*.egg-info .pytest_cache bench/results.json
