@@ -19,7 +19,8 @@ from infra import catalog
 
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
-        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "alerts", "sshPublicKey")
+        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "alerts", "sshPublicKey",
+        "pullThrough")
 REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location"}
 
 EU_REGIONS = {
@@ -73,6 +74,72 @@ class Network(_Frozen):
     subnet_ids: tuple[str, ...] = Field(alias="subnetIds", min_length=1)
 
 
+# Upstream registries an ECR pull-through cache rule can name, and whether it needs a credential secret
+# (Amazon ECR user guide, "Sync an upstream registry"); `<name>.azurecr.io` needs one too.
+PULL_THROUGH_UPSTREAMS = {"public.ecr.aws": False, "registry.k8s.io": False, "quay.io": False,
+                          "registry-1.docker.io": True, "ghcr.io": True, "registry.gitlab.com": True}
+_ACR_UPSTREAM = re.compile(r"^[a-z0-9]{5,50}\.azurecr\.io$")
+_UPSTREAM_HINTS = {"nvcr.io": "ECR has no pull-through cache for NGC (nvcr.io); push NGC images into the stack's "
+                              "repository from a machine with internet access",
+                   "docker.io": "Docker Hub's registry is registry-1.docker.io"}
+_ECR_PREFIX = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+PULL_THROUGH_SECRET_PREFIX = "ecr-pullthroughcache/"
+_PULL_THROUGH_SECRET = re.compile(
+    r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?ecr-pullthroughcache/[\w/+=.@-]{1,480}$")
+
+
+class PullThrough(_Frozen):
+    """One ECR pull-through cache rule: `<registry>/<prefix>/<image>` pulls `<upstream>/<image>`."""
+    prefix: str = Field(min_length=2, max_length=30)
+    upstream: str
+    credential_secret: Optional[str] = Field(default=None, alias="credentialSecret")
+
+    @property
+    def needs_credentials(self) -> bool:
+        return PULL_THROUGH_UPSTREAMS.get(self.upstream, True)
+
+
+def _pull_through(entries: Any) -> tuple[PullThrough, ...]:
+    key = "gpufleet:pullThrough"
+    if not isinstance(entries, (list, tuple)):
+        raise ConfigError(key, entries, "a list of {prefix, upstream, credentialSecret?}")
+    rules: list[PullThrough] = []
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        if isinstance(entry, PullThrough):
+            entry = entry.model_dump(by_alias=True, exclude_none=True)
+        if not isinstance(entry, dict):
+            raise ConfigError(where, entry, "an object {prefix, upstream, credentialSecret?}")
+        try:
+            rule = PullThrough(**entry)
+        except ValidationError as exc:
+            raise _from_validation(exc, where) from None
+        if not _ECR_PREFIX.match(rule.prefix) or rule.prefix == "ROOT":
+            raise ConfigError(f"{where}.prefix", rule.prefix, "an ECR repository prefix: lowercase letters and "
+                              "digits separated by . _ - or /, 2-30 characters")
+        upstream = rule.upstream
+        if upstream not in PULL_THROUGH_UPSTREAMS and not _ACR_UPSTREAM.match(upstream):
+            hint = _UPSTREAM_HINTS.get(upstream.lower().removeprefix("https://"))
+            raise ConfigError(f"{where}.upstream", upstream, (hint + "; " if hint else "") + "one of "
+                              + ", ".join(PULL_THROUGH_UPSTREAMS) + " or <name>.azurecr.io")
+        secret = rule.credential_secret
+        if rule.needs_credentials and secret is None:
+            raise ConfigError(f"{where}.credentialSecret", _MISSING, f"{upstream} needs credentials: the name or "
+                              f"ARN of a Secrets Manager secret named {PULL_THROUGH_SECRET_PREFIX}...")
+        if not rule.needs_credentials and secret is not None:
+            raise ConfigError(f"{where}.credentialSecret", secret, f"{upstream} is pulled without credentials; "
+                              "remove credentialSecret")
+        if secret is not None and not _PULL_THROUGH_SECRET.match(secret):
+            raise ConfigError(f"{where}.credentialSecret", secret, "the name (or ARN) of a Secrets Manager secret "
+                              f"whose name starts with {PULL_THROUGH_SECRET_PREFIX} (ECR reads no other)")
+        for other in rules:
+            if f"{rule.prefix}/".startswith(f"{other.prefix}/") or f"{other.prefix}/".startswith(f"{rule.prefix}/"):
+                raise ConfigError(f"{where}.prefix", rule.prefix, f"a prefix apart from '{other.prefix}' "
+                                  "(each cached repository belongs to one rule)")
+        rules.append(rule)
+    return tuple(rules)
+
+
 _AZURE_IMAGE = re.compile(
     r"^(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/images/[^/]+"
     r"(/versions/[^/]+)?|[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+)$", re.IGNORECASE)
@@ -116,6 +183,7 @@ class StackConfig(_Frozen):
     alert_emails: tuple[str, ...] = Field(default=(), alias="alertEmails")
     alerts: tuple[Alert, ...] = ()
     ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey")
+    pull_through: Any = Field(default=(), alias="pullThrough")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "StackConfig":
@@ -162,6 +230,7 @@ class StackConfig(_Frozen):
                 raise ConfigError("gpufleet:alertEmails", email, "an e-mail address such as ops@example.com")
         self._check_alerts()
         self._check_image()
+        object.__setattr__(self, "pull_through", _pull_through(self.pull_through))
         if self.cloud == "azure":
             if not self.ssh_public_key or not self.ssh_public_key.startswith(("ssh-rsa ", "ssh-ed25519 ", "ecdsa-")):
                 raise ConfigError("gpufleet:sshPublicKey", self.ssh_public_key or _MISSING,
@@ -175,6 +244,11 @@ class StackConfig(_Frozen):
             if self.network is not None:
                 raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
                                   "an existing network is supported on aws only")
+            if self.pull_through:
+                raise ConfigError("gpufleet:pullThrough", [r.model_dump(by_alias=True, exclude_none=True)
+                                                           for r in self.pull_through],
+                                  "pull-through caches are ECR rules, aws only (on azure, `az acr import` "
+                                  "images into the stack's registry)")
         return self
 
     def _check_alerts(self) -> None:

@@ -1,5 +1,6 @@
 """Identity: the node role and instance profile. Shell access is through SSM Session Manager only
-(no SSH key, no port 22); the inline policy is `policies.node_policy`, scoped to this stack."""
+(no SSH key, no port 22); the inline policy is `policies.node_policy`, scoped to this stack, plus
+the registry's `pull_statements` (pull from the stack's repositories only)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,12 @@ class IdentityArgs:
     asg_arn: pulumi.Input[str]
     log_group_arn: pulumi.Input[str]
     metric_namespace: str
+    pull_statements: pulumi.Input[list]     # infra.aws.registry.pull_statements
     tags: dict[str, str]
+
+
+def _with(doc: dict, statements: list) -> dict:
+    return {**doc, "Statement": [*doc["Statement"], *statements]}
 
 
 class Identity(pulumi.ComponentResource):
@@ -39,8 +45,9 @@ class Identity(pulumi.ComponentResource):
         inline = aws.iam.RolePolicy(
             f"{p}-node-policy", role=self.role.name,
             policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.queue_arn, args.asg_arn,
-                                     args.log_group_arn).apply(
-                lambda v: json.dumps(policies.node_policy(*v, metric_namespace=args.metric_namespace))),
+                                     args.log_group_arn, args.pull_statements).apply(
+                lambda v: json.dumps(_with(policies.node_policy(*v[:5], metric_namespace=args.metric_namespace),
+                                           v[5]))),
             opts=child)
         # Nodes launch only once their permissions are in place.
         self.instance_profile = aws.iam.InstanceProfile(

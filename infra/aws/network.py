@@ -25,7 +25,8 @@ from infra.config import Network as ExistingNetwork
 VPC_CIDR = "10.42.0.0/16"
 SUBNET_PREFIX = 19
 QUEUE_MODE_SUBNETS = 3   # spread spot capacity over three AZs
-INTERFACE_ENDPOINTS = ("sqs", "ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "autoscaling", "ec2")
+INTERFACE_ENDPOINTS = ("sqs", "ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "autoscaling", "ec2",
+                       "ecr.api", "ecr.dkr")
 HTTPS = 443
 
 

@@ -9,13 +9,14 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import catalog, metrics, scaling
-from infra.aws import efa, policies
+from infra.aws import efa, policies, registry
 from infra.aws.compute import Compute, ComputeArgs
 from infra.aws.flowlogs import FlowLogs, FlowLogsArgs
 from infra.aws.identity import Identity, IdentityArgs
 from infra.aws.monitoring import LOG_RETENTION_DAYS, Monitoring, MonitoringArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.queue import JobQueue, QueueArgs
+from infra.aws.registry import Registry, RegistryArgs
 from infra.aws.storage import ACCESS_LOGGED, Storage, StorageArgs
 from infra.config import StackConfig
 
@@ -58,8 +59,9 @@ class Names:
                    terminate_hook=f"{prefix}-checkpoint", autoscaling_role_suffix=role_suffix(prefix))
 
 
-def node_settings(cfg: StackConfig, names: Names, use_efa: bool, bucket: str, queue_url: str) -> dict:
-    """The node's /etc/gpufleet/node.json."""
+def node_settings(cfg: StackConfig, names: Names, use_efa: bool, bucket: str, queue_url: str,
+                  registry_url: str | None = None) -> dict:
+    """The node's /etc/gpufleet/node.json; `registry` is the stack's repository URL."""
     types = {}
     for name in cfg.instance_types:
         row = catalog.CATALOG[name]
@@ -68,7 +70,8 @@ def node_settings(cfg: StackConfig, names: Names, use_efa: bool, bucket: str, qu
     return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "mode": cfg.mode,
             "node_count": cfg.nodes.max if cfg.mode == "gang" else 1, "bucket": bucket, "queue_url": queue_url,
             "asg_name": names.asg, "log_group": names.log_group, "metric_namespace": names.metric_namespace,
-            "instance_types": types, "launch_hook": names.launch_hook, "terminate_hook": names.terminate_hook}
+            "instance_types": types, "launch_hook": names.launch_hook, "terminate_hook": names.terminate_hook,
+            "registry": registry_url}
 
 
 def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -91,11 +94,17 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         metric_namespace=names.metric_namespace,
         classification=cfg.data_classification, queue_name=queue.queue.name, dlq_name=queue.dlq.name,
         asg_name=names.asg, budget_monthly_usd=cfg.budget_monthly_usd, alerts=cfg.alert_targets, tags=tags))
+    images = Registry("registry", RegistryArgs(
+        prefix=names.prefix, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
+        pull_through=cfg.pull_through, tags=tags))
     identity = Identity("identity", IdentityArgs(
         prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
         queue_arn=queue.queue.arn,
         asg_arn=account_id.apply(lambda acct: policies.asg_arn(cfg.region, acct, names.asg)),
-        log_group_arn=monitoring.log_group.arn, metric_namespace=names.metric_namespace, tags=tags))
+        log_group_arn=monitoring.log_group.arn, metric_namespace=names.metric_namespace,
+        pull_statements=account_id.apply(lambda acct: registry.pull_statements(
+            cfg.region, acct, names.prefix, images.prefixes)),
+        tags=tags))
     network = Network("network", NetworkArgs(
         prefix=names.prefix, region=cfg.region, single_subnet=gang,
         node_to_node=gang, placement_group=gang, existing=cfg.network, account_id=account_id,
@@ -104,8 +113,8 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         prefix=names.prefix, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
         key_arn=storage.key.arn, log_group_name=names.flow_log_group,
         retention_days=LOG_RETENTION_DAYS[cfg.data_classification], tags=tags))
-    settings = pulumi.Output.all(storage.bucket.bucket, queue.queue.url).apply(
-        lambda v: node_settings(cfg, names, use_efa, v[0], v[1]))
+    settings = pulumi.Output.all(storage.bucket.bucket, queue.queue.url, images.repository_url).apply(
+        lambda v: node_settings(cfg, names, use_efa, *v))
     compute = Compute("compute", ComputeArgs(
         prefix=names.prefix, asg_name=names.asg, mode=cfg.mode,
         capacity=scaling.capacity(cfg.mode, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired),
@@ -145,4 +154,5 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "budget": monitoring.budget.name,
         "efaInterfacesPerNode": efa.efa_count(efa.layout(cfg.primary, use_efa)),
         "checkpointUriTemplate": storage.bucket.bucket.apply(lambda b: f"s3://{b}/jobs/<job_id>/"),
+        "registry": images.repository_url,
     }

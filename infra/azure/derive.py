@@ -121,8 +121,8 @@ def queue_rules(metric_uri: str) -> list[dict]:
 
 
 def node_settings(cfg: StackConfig, *, container_url: str, queue_url: str, scale_set: str,
-                  client_id: str, resource_group: str, subscription_id: str) -> dict:
-    """The /etc/gpufleet/node.json document of an Azure node (contracts.md)."""
+                  client_id: str, resource_group: str, subscription_id: str, registry: Optional[str] = None) -> dict:
+    """The /etc/gpufleet/node.json document of an Azure node (contracts.md); `registry` is the login server."""
     size = cfg.primary
     return {
         "cloud": "azure",
@@ -142,4 +142,5 @@ def node_settings(cfg: StackConfig, *, container_url: str, queue_url: str, scale
         "launch_hook": None,
         "terminate_hook": None,
         "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id},
+        "registry": registry,
     }

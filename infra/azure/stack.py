@@ -13,6 +13,7 @@ from infra.azure.identity import Identity, IdentityArgs
 from infra.azure.monitoring import Autoscale, AutoscaleArgs
 from infra.azure.network import Network, NetworkArgs
 from infra.azure.queue import JobQueue, JobQueueArgs
+from infra.azure.registry import Registry, RegistryArgs, registry_name
 from infra.azure.storage import Storage, StorageArgs
 from infra.config import StackConfig
 
@@ -40,19 +41,24 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         subscription_id=client.subscription_id, container_id=store.container_id,
         queue_ids=(jobs.queue_id, jobs.poison_queue_id), tags=tags))
 
+    images = Registry("registry", RegistryArgs(
+        name=registry_name(cfg.stack, location), resource_group=group.group_name, location=location,
+        subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=client.subscription_id,
+        principal_id=ident.principal_id, tags=tags))
+
     scale_set_name = f"{name}-nodes"
     custom_data = pulumi.Output.all(store.container_url, jobs.queue_url, ident.client_id, group.group_name,
-                                    client.subscription_id).apply(
+                                    client.subscription_id, images.login_server).apply(
         lambda v: _custom_data(derive.node_settings(
             cfg, container_url=v[0], queue_url=v[1], scale_set=scale_set_name, client_id=v[2],
-            resource_group=v[3], subscription_id=v[4])))
+            resource_group=v[3], subscription_id=v[4], registry=v[5])))
     queue_mode = cfg.mode == "queue"
     vmss = ScaleSet("compute", ScaleSetArgs(
         name=scale_set_name, resource_group=group.group_name, location=location, size=cfg.primary.name,
         capacity=cfg.nodes.desired, spot=cfg.spot, subnet_id=net.subnet_id, identity_id=ident.id,
         ssh_public_key=cfg.ssh_public_key, image=derive.image(cfg.image), custom_data=custom_data,
         accelerated_networking=cfg.primary.name in derive.ACCELERATED_NETWORKING, tags=tags,
-        autoscaled=queue_mode, wait_for=tuple(ident.role_assignments)))
+        autoscaled=queue_mode, wait_for=(*ident.role_assignments, images.pull_role)))
     outputs: dict[str, pulumi.Input] = {
         "resourceGroup": group.group_name,
         "location": location,
@@ -66,6 +72,7 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "vmssId": vmss.id,
         "identityClientId": ident.client_id,
         "identityPrincipalId": ident.principal_id,
+        "registry": images.login_server,
     }
     if queue_mode:
         scaler = Autoscale("autoscale", AutoscaleArgs(

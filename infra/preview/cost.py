@@ -7,9 +7,10 @@ Model (USD per month of ``HOURS_PER_MONTH`` hours), for ``nodes.min``, ``nodes.d
   spot: the first ``onDemandBase`` nodes on-demand, the rest at the lowest planning spot price of the
   listed types (price-capacity-optimized favours the cheapest pools with capacity: the low end).
 - ``monthly_usd``: the column the stack's ``spot`` setting selects, plus fixed items billed whatever
-  the node count (KMS key, dashboard, VPC interface endpoints per AZ), each with its unit price.
+  the node count (AWS: KMS key, dashboard, VPC interface endpoints per AZ, ECR's among them; Azure: the
+  Premium container registry with its private endpoint and private DNS zone), each with its unit price.
 - Not included: usage-based charges (storage used, requests, data transfer, endpoint data processing,
-  log and metric ingestion, alarms).
+  log and metric ingestion, alarms, registry storage beyond what a tier includes).
 Instance prices are the catalog's reference-region list prices of ``catalog.PRICE_DATE``; the other unit
 prices below are list prices of the same reference regions. None is a quote for the stack's region.
 """
@@ -27,13 +28,16 @@ ENDPOINT_AZ_HOUR = 0.01              # per interface VPC endpoint per AZ
 GP3_GB_MONTH = 0.08                  # gp3 storage; the baseline 3000 IOPS / 125 MB/s are included
 # Azure list prices, eastus: Premium SSD managed disks bill by tier, the smallest holding the size.
 PREMIUM_SSD_TIERS = ((128, "P10", 19.71), (256, "P15", 38.02), (512, "P20", 73.22), (1024, "P30", 135.17))
+ACR_PREMIUM_DAY = 1.667              # Premium container registry per day (the tier private endpoints need)
+PRIVATE_ENDPOINT_HOUR = 0.01         # per private endpoint
+PRIVATE_DNS_ZONE_MONTH = 0.50        # per hosted private DNS zone
 # What the stacks create (tests/infra/review check these against the stacks' previews).
 AWS_ROOT_VOLUME_GIB = 200            # per node, gp3
-AWS_INTERFACE_ENDPOINTS = 8          # services with an interface endpoint in the stack's own VPC
+AWS_INTERFACE_ENDPOINTS = 10         # services with an interface endpoint in the stack's own VPC
 AWS_QUEUE_MODE_AZS = 3               # subnets (AZs) in queue mode; gang mode uses one
 AZURE_OS_DISK_GB = 256               # per node, Premium SSD
 EXCLUDED = ("usage-based charges: storage used, requests, data transfer, endpoint data processing, "
-            "log and metric ingestion, alarms")
+            "log and metric ingestion, alarms, registry storage beyond what a tier includes")
 
 
 def _usd(x: float) -> float:
@@ -63,13 +67,20 @@ def node_disk(cfg: StackConfig) -> dict:
 
 def fixed_items(cfg: StackConfig) -> list[dict]:
     """Resources billed per month whatever the node count."""
-    if cfg.cloud != "aws":
-        return []
+    if cfg.cloud == "azure":
+        items = [("Container Registry, Premium tier", 1, ACR_PREMIUM_DAY * HOURS_PER_MONTH / 24),
+                 ("private endpoint (registry)", 1, PRIVATE_ENDPOINT_HOUR * HOURS_PER_MONTH),
+                 ("private DNS zone (privatelink.azurecr.io)", 1, PRIVATE_DNS_ZONE_MONTH)]
+        return _rows(items)
     items = [("KMS customer managed key", 1, KMS_KEY_MONTH), ("CloudWatch dashboard", 1, DASHBOARD_MONTH)]
     if cfg.network is None:  # the stack's own VPC: interface endpoints instead of a NAT gateway
         azs = 1 if cfg.mode == "gang" else AWS_QUEUE_MODE_AZS
         items.append((f"interface VPC endpoints ({AWS_INTERFACE_ENDPOINTS} services × {azs} AZ)",
                       AWS_INTERFACE_ENDPOINTS * azs, ENDPOINT_AZ_HOUR * HOURS_PER_MONTH))
+    return _rows(items)
+
+
+def _rows(items: list[tuple[str, int, float]]) -> list[dict]:
     return [{"item": item, "quantity": qty, "usd_month_each": _usd(each), "monthly_usd": _usd(qty * each)}
             for item, qty, each in items]
 

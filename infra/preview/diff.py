@@ -89,6 +89,13 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "aws:autoscaling/group:Group": ("name", "namePrefix"),
     "aws:autoscaling/lifecycleHook:LifecycleHook": ("name", "autoscalingGroupName"),
     "aws:autoscaling/policy:Policy": ("name", "autoscalingGroupName"),
+    # registry: a repository's encryption is fixed at creation
+    "aws:ecr/repository:Repository": ("name", "encryptionConfigurations"),
+    "aws:ecr/lifecyclePolicy:LifecyclePolicy": ("repository",),
+    "aws:ecr/repositoryPolicy:RepositoryPolicy": ("repository",),
+    "aws:ecr/pullThroughCacheRule:PullThroughCacheRule": ("ecrRepositoryPrefix", "upstreamRegistryUrl",
+                                                          "upstreamRepositoryPrefix"),
+    "aws:ecr/repositoryCreationTemplate:RepositoryCreationTemplate": ("prefix",),
     # monitoring
     "aws:cloudwatch/logGroup:LogGroup": ("name", "namePrefix"),
     "aws:cloudwatch/metricAlarm:MetricAlarm": ("name",),
@@ -115,6 +122,11 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "azure-native:compute:VirtualMachineScaleSet": ("vmScaleSetName", "orchestrationMode",
                                                     "platformFaultDomainCount", "virtualMachineProfile.priority"),
     "azure-native:monitor:AutoscaleSetting": ("autoscaleSettingName",),
+    "azure-native:containerregistry:Registry": ("registryName",),
+    "azure-native:network:PrivateEndpoint": ("privateEndpointName", "subnet"),
+    "azure-native:network:PrivateDnsZoneGroup": ("privateDnsZoneGroupName", "privateEndpointName"),
+    "azure-native:privatedns:PrivateZone": ("privateZoneName",),
+    "azure-native:privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateZoneName", "virtualNetwork"),
 }
 _AZURE_ALWAYS = ("resourceGroupName", "location")
 

@@ -259,6 +259,19 @@ def _topic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dic
     return arn, {"name": tname, "arn": arn}
 
 
+def _ecr_repository(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    rname = inputs.get("name") or m.auto_name(typ, name, lower=True)
+    return rname, {"name": rname, "arn": m.arn("ecr", f"repository/{rname}"), "registryId": m.account,
+                   "repositoryUrl": f"{m.account}.dkr.ecr.{m.region}.amazonaws.com/{rname}"}
+
+
+def _ecr_by(key: str) -> Handler:
+    """An ECR registry setting whose id is one of its inputs (a repository name, a prefix)."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        return str(inputs.get(key) or name), {"registryId": m.account}
+    return handler
+
+
 def _aws_generic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     """Any other AWS resource: its (auto-)name as id and an ARN in its service."""
     service = typ.split(":")[1].split("/")[0]
@@ -315,6 +328,11 @@ _AWS: dict[str, Handler] = {
     "aws:budgets/budget:Budget": _budget,
     "aws:sns/topic:Topic": _topic,
     "aws:lambda/function:Function": _named(lambda m, n: m.arn("lambda", f"function:{n}")),
+    "aws:ecr/repository:Repository": _ecr_repository,
+    "aws:ecr/lifecyclePolicy:LifecyclePolicy": _ecr_by("repository"),
+    "aws:ecr/repositoryPolicy:RepositoryPolicy": _ecr_by("repository"),
+    "aws:ecr/pullThroughCacheRule:PullThroughCacheRule": _ecr_by("ecrRepositoryPrefix"),
+    "aws:ecr/repositoryCreationTemplate:RepositoryCreationTemplate": _ecr_by("prefix"),
     "aws:sns/topicPolicy:TopicPolicy": lambda m, typ, name, inputs: (str(inputs.get("arn", name)), {}),
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": lambda m, typ, name, inputs: (
         f"{inputs.get('role', '')}/{inputs.get('policyArn', '')}", {}),
@@ -338,6 +356,7 @@ _AZURE_PROVIDER = {
     "monitor": "Microsoft.Insights", "operationalinsights": "Microsoft.OperationalInsights",
     "keyvault": "Microsoft.KeyVault", "consumption": "Microsoft.Consumption",
     "costmanagement": "Microsoft.CostManagement", "dashboard": "Microsoft.Portal", "portal": "Microsoft.Portal",
+    "containerregistry": "Microsoft.ContainerRegistry", "privatedns": "Microsoft.Network",
 }
 # (name input, path under the resource group) for types whose id nests under a parent resource.
 _AZURE_NESTED = {
@@ -347,7 +366,13 @@ _AZURE_NESTED = {
     "storage:BlobServiceProperties": ("blobServicesName", "storageAccounts/{accountName}/blobServices/{}"),
     "network:Subnet": ("subnetName", "virtualNetworks/{virtualNetworkName}/subnets/{}"),
     "network:SecurityRule": ("securityRuleName", "networkSecurityGroups/{networkSecurityGroupName}/securityRules/{}"),
+    "network:PrivateDnsZoneGroup": ("privateDnsZoneGroupName",
+                                    "privateEndpoints/{privateEndpointName}/privateDnsZoneGroups/{}"),
+    "privatedns:PrivateZone": ("privateZoneName", "privateDnsZones/{}"),
+    "privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateDnsZones/{privateZoneName}/virtualNetworkLinks/{}"),
 }
+_AZURE_PARENT_NAMES = ("accountName", "virtualNetworkName", "networkSecurityGroupName", "privateEndpointName",
+                       "privateZoneName")
 
 
 def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
@@ -364,8 +389,7 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
     elif nested:
         key, path = nested
         rname = inputs.get(key) or m.auto_name(typ, name, sep="", lower=True)
-        tail = path.format(rname, **{k: inputs.get(k, "") for k in ("accountName", "virtualNetworkName",
-                                                                     "networkSecurityGroupName")})
+        tail = path.format(rname, **{k: inputs.get(k, "") for k in _AZURE_PARENT_NAMES})
     else:
         given = next((v for k, v in inputs.items() if k.endswith("Name") and k != "resourceGroupName"
                       and isinstance(v, str)), None)
@@ -386,6 +410,10 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
                                    for svc in ("blob", "queue", "table", "file", "dfs")}
     elif kind == "VirtualMachineScaleSet":
         out["uniqueId"] = fake_uuid(m.stack, typ, name)
+    elif kind == "Registry":
+        out["loginServer"] = f"{rname.lower()}.azurecr.io"
+    elif kind == "PrivateEndpoint":
+        out["networkInterfaces"] = [{"id": f"{scope}/providers/Microsoft.Network/networkInterfaces/{rname}.nic"}]
     identity = inputs.get("identity")
     if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
         # Given as a list of identity ids; Azure reports a map of id to the identity's client/principal.
@@ -461,6 +489,13 @@ def _vpc(m: PreviewMocks, args: dict) -> dict:
             "mainRouteTableId": "rtb-" + digest(vid), "ownerId": m.account}
 
 
+def _secret(m: PreviewMocks, args: dict) -> dict:
+    """A secret's metadata (never its value); the ARN ends in the six random characters AWS appends."""
+    name = args.get("name") or str(args.get("arn", "")).split(":secret:", 1)[-1][:-7]
+    arn = m.arn("secretsmanager", f"secret:{name}-{digest(name, n=6)}")
+    return {"id": arn, "arn": arn, "name": name, "description": "", "kmsKeyId": "", "policy": "", "tags": {}}
+
+
 def _azure_client(m: PreviewMocks, args: dict) -> dict:
     return {"clientId": fake_uuid("client", PREVIEW_PRINCIPAL), "objectId": fake_uuid("object", PREVIEW_PRINCIPAL),
             "subscriptionId": m.subscription, "tenantId": TENANT_ID}
@@ -482,6 +517,7 @@ _CALLS: dict[str, Callable[[PreviewMocks, dict], dict]] = {
     "aws:ec2/getVpc:getVpc": _vpc,
     "aws:ec2/getSubnets:getSubnets": lambda m, a: {"id": m.region, "ids": [
         "subnet-" + digest(m.region, x) for x in "abc"]},
+    "aws:secretsmanager/getSecret:getSecret": _secret,
     "aws:index/getServicePrincipal:getServicePrincipal": lambda m, a: {
         "id": f"{a['serviceName']}.amazonaws.com", "name": f"{a['serviceName']}.amazonaws.com",
         "suffix": "amazonaws.com", "region": a.get("region", m.region)},

@@ -56,6 +56,10 @@ class AwsMocks(pulumi.runtime.Mocks):
             ami = image_ids[0] if image_ids else "ami-0" + _hex(str(args.args), 16)
             return {"id": ami, "imageId": ami, "name": "gpufleet-gpu-2025-07-01", "architecture": "x86_64",
                     "rootDeviceName": "/dev/sda1", "ownerId": ACCOUNT}, []
+        if args.token == "aws:secretsmanager/getSecret:getSecret":
+            name = args.args["name"]
+            arn = f"arn:aws:secretsmanager:{self.region}:{ACCOUNT}:secret:{name}-{_hex(name, 6)}"
+            return {"arn": arn, "id": arn, "name": name}, []
         raise AssertionError(f"unexpected invoke {args.token}")
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
@@ -112,6 +116,10 @@ class AwsMocks(pulumi.runtime.Mocks):
         elif typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
             rid = "vpce-0" + _hex(name, 16)
             state.update(prefixListId="pl-6da54004" if inputs.get("vpcEndpointType") == "Gateway" else None)
+        elif typ == "aws:ecr/repository:Repository":
+            rid = auto
+            state.update(name=auto, arn=f"arn:aws:ecr:{region}:{acct}:repository/{auto}", registryId=acct,
+                         repositoryUrl=f"{acct}.dkr.ecr.{region}.amazonaws.com/{auto}")
         elif typ == "aws:cloudwatch/dashboard:Dashboard":
             rid = inputs["dashboardName"]
         elif typ == "aws:budgets/budget:Budget":
@@ -177,7 +185,8 @@ def build_stack(cfg: config.StackConfig) -> Built:
 
 
 def assert_least_privilege(doc: dict, namespace: str) -> None:
-    """No wildcard action; Resource "*" only for Describe calls and namespaced PutMetricData."""
+    """No wildcard action; Resource "*" only for Describe calls, namespaced PutMetricData and the ECR login
+    token (GetAuthorizationToken takes no resource)."""
     for st in doc["Statement"]:
         assert st["Effect"] == "Allow"
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
@@ -187,6 +196,8 @@ def assert_least_privilege(doc: dict, namespace: str) -> None:
             for action in actions:
                 if action == "cloudwatch:PutMetricData":
                     assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": namespace}}
+                elif action == "ecr:GetAuthorizationToken":
+                    assert actions == [action]
                 else:
                     assert action.split(":")[1].startswith("Describe"), action
 

@@ -23,7 +23,7 @@ T = {  # resource type tokens
     "subnet": "aws:ec2/subnet:Subnet", "alarm": "aws:cloudwatch/metricAlarm:MetricAlarm",
     "policy": "aws:autoscaling/policy:Policy", "log_group": "aws:cloudwatch/logGroup:LogGroup",
     "role": "aws:iam/role:Role", "role_policy": "aws:iam/rolePolicy:RolePolicy", "flow_log": "aws:ec2/flowLog:FlowLog",
-    "slr": "aws:iam/serviceLinkedRole:ServiceLinkedRole",
+    "slr": "aws:iam/serviceLinkedRole:ServiceLinkedRole", "repo": "aws:ecr/repository:Repository",
 }
 
 
@@ -328,9 +328,11 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     queue_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["queueUrl"])
     log_arn = _log_group(built, built.outputs["logGroup"]).state["arn"]
     scoped = {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
+    repositories = {built.one(T["repo"]).state["arn"]} | {
+        f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{rule.prefix}/*" for rule in built.cfg.pull_through}
     assert scoped - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], queue_arn, log_arn,
                               log_arn + ":*", f"arn:aws:autoscaling:{built.cfg.region}:123456789012:autoScalingGroup:*:"
-                                              f"autoScalingGroupName/{built.outputs['autoscalingGroup']}"}
+                                              f"autoScalingGroupName/{built.outputs['autoscalingGroup']}"} | repositories
     profile = built.one("aws:iam/instanceProfile:InstanceProfile")
     assert profile.inputs["role"] == role.state["name"]
     assert built.one(T["lt"]).inputs["iamInstanceProfile"] == {"arn": profile.state["arn"]}
@@ -376,7 +378,11 @@ def test_root_volumes_use_the_stack_key_through_the_stack_autoscaling_role(varia
 def test_ami_looked_up_once_by_id_or_name(built):
     amis = [args for token, args in built.calls if token == "aws:ec2/getAmi:getAmi"]
     assert len(amis) == 1
-    assert len(built.calls) == 3  # caller identity, availability zones, AMI: each once
+    secrets = [args for token, args in built.calls if token == "aws:secretsmanager/getSecret:getSecret"]
+    assert sorted(a["name"] for a in secrets) == sorted(
+        r.credential_secret for r in built.cfg.pull_through if r.credential_secret)
+    # caller identity, availability zones, AMI: each once; one secret lookup per credentialed cache rule
+    assert len(built.calls) == 3 + len(secrets)
     image = built.cfg.image
     filters = {f["name"]: f["values"] for f in amis[0]["filters"]}
     if image.id:
@@ -541,7 +547,7 @@ def test_every_taggable_resource_carries_the_tags(built):
 
 
 def test_each_resource_belongs_to_one_concern(built):
-    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Compute", "Monitoring"}
+    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Compute", "Monitoring", "Registry"}
     components = [r for r in built.resources if not r.custom]
     assert sorted(r.type for r in components) == sorted(f"gpufleet:aws:{c}" for c in concerns)
     for r in built.resources:
@@ -554,7 +560,7 @@ def test_outputs(built):
     o = built.outputs
     for key in ("bucket", "queueUrl", "dlqUrl", "autoscalingGroup", "dashboard", "logGroup", "kmsKey", "nodeRole",
                 "launchTemplate", "region", "alertTopic", "vpcId", "subnetIds", "metricNamespace",
-                "autoscalingServiceRole"):
+                "autoscalingServiceRole", "registry"):
         assert o[key], key
     assert o["region"] == built.cfg.region
     assert o["queueUrl"].startswith(f"https://sqs.{built.cfg.region}.amazonaws.com/")

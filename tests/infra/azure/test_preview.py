@@ -24,10 +24,10 @@ def test_every_cloud_resource_is_resolved_and_inside_a_component(doc):
     assert all(by_urn[r["parent"]]["type"].startswith("gpufleet:azure:") for r in custom)
 
 
-def test_scale_set_waits_for_its_data_roles(doc):
+def test_scale_set_waits_for_its_data_and_pull_roles(doc):
     roles = {r["urn"] for r in doc["resources"] if r["type"] == "azure-native:authorization:RoleAssignment"}
     (vmss,) = [r for r in doc["resources"] if r["type"] == "azure-native:compute:VirtualMachineScaleSet"]
-    assert len(roles) == 3 and roles <= set(vmss["dependencies"])
+    assert len(roles) == 4 and roles <= set(vmss["dependencies"])  # three storage roles and AcrPull
 
 
 def test_policy_pack_finds_no_mandatory_violation(doc):

@@ -5,10 +5,12 @@ import base64
 import importlib
 import ipaddress
 import inspect
+import re
 
 import pytest
 
 from infra.azure import derive
+from infra.azure.registry import ACR_PULL, registry_name
 from tests.infra.azure.conftest import azure_config, run_stack
 
 RG = "azure-native:resources:ResourceGroup"
@@ -18,6 +20,9 @@ ACCOUNT, CONTAINER, QUEUE = ("azure-native:storage:StorageAccount", "azure-nativ
                              "azure-native:storage:Queue")
 IDENTITY, ROLE = "azure-native:managedidentity:UserAssignedIdentity", "azure-native:authorization:RoleAssignment"
 VMSS, AUTOSCALE = "azure-native:compute:VirtualMachineScaleSet", "azure-native:monitor:AutoscaleSetting"
+ACR, ENDPOINT = "azure-native:containerregistry:Registry", "azure-native:network:PrivateEndpoint"
+ZONE, ZONE_LINK = "azure-native:privatedns:PrivateZone", "azure-native:privatedns:VirtualNetworkLink"
+ZONE_GROUP = "azure-native:network:PrivateDnsZoneGroup"
 
 
 def _taggable(typ: str) -> bool:
@@ -30,15 +35,18 @@ def test_every_resource_sits_in_a_component_and_every_taggable_one_carries_the_t
     cfg = azure_config()
     components = {r.type for r in azure_run.resources if r.type.startswith("gpufleet:azure:")}
     assert components == {f"gpufleet:azure:{c}" for c in
-                          ("ResourceGroup", "Network", "Storage", "JobQueue", "Identity", "ScaleSet", "Autoscale")}
+                          ("ResourceGroup", "Network", "Storage", "JobQueue", "Identity", "ScaleSet", "Autoscale",
+                           "Registry")}
     provider = [r for r in azure_run.resources if r.type.startswith("azure-native:")]
     assert {r.type for r in provider} >= {RG, VNET, SUBNET, NSG, ACCOUNT, CONTAINER, QUEUE, IDENTITY, ROLE,
-                                          VMSS, AUTOSCALE}
+                                          VMSS, AUTOSCALE, ACR, ENDPOINT, ZONE, ZONE_LINK, ZONE_GROUP}
     for r in provider:
         assert r.parent_type in components, r.urn
         if _taggable(r.type):
             assert r.inputs.get("tags") == cfg.all_tags, r.urn
-        assert r.inputs.get("location", cfg.region) == cfg.region, r.urn
+        # private DNS zones and their links are global resources
+        want = "global" if r.type in (ZONE, ZONE_LINK) else cfg.region
+        assert r.inputs.get("location", want) == want, r.urn
 
 
 def test_network_is_private_and_reaches_storage_by_service_endpoint(azure_run):
@@ -72,13 +80,49 @@ def test_identity_gets_data_roles_scoped_to_its_container_and_queues_only(azure_
     principal = azure_run.outputs["identityPrincipalId"]
     grants = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"].rsplit("/", 2)[-1])
               for r in azure_run.of_type(ROLE)}
+    registry = azure_run.one(ACR).inputs["registryName"]
     assert grants == {(derive.STORAGE_BLOB_DATA_CONTRIBUTOR, "checkpoints"),
                       (derive.STORAGE_QUEUE_DATA_CONTRIBUTOR, "jobs"),
-                      (derive.STORAGE_QUEUE_DATA_CONTRIBUTOR, "jobs-poison")}
+                      (derive.STORAGE_QUEUE_DATA_CONTRIBUTOR, "jobs-poison"),
+                      (ACR_PULL, registry)}
     for r in azure_run.of_type(ROLE):
         assert r.inputs["principalId"] == principal and r.inputs["principalType"] == "ServicePrincipal"
         assert r.inputs["roleDefinitionId"].startswith("/subscriptions/")
-        assert "/storageAccounts/" + azure_run.outputs["storageAccount"] + "/" in r.inputs["scope"]
+        if r.inputs["roleDefinitionId"].endswith(ACR_PULL):
+            assert r.inputs["scope"].endswith("/providers/Microsoft.ContainerRegistry/registries/" + registry)
+        else:
+            assert "/storageAccounts/" + azure_run.outputs["storageAccount"] + "/" in r.inputs["scope"]
+
+
+def test_registry_is_premium_private_and_pulled_with_the_node_identity_only(azure_run):
+    acr = azure_run.one(ACR).inputs
+    name = acr["registryName"]
+    assert re.fullmatch(r"[a-z0-9]{5,50}", name) and name == registry_name("azure", "westeurope")
+    assert acr["sku"] == {"name": "Premium"}  # private endpoints and publicNetworkAccess Disabled need Premium
+    assert acr["publicNetworkAccess"] == "Disabled" and acr["networkRuleBypassOptions"] == "None"
+    assert acr["adminUserEnabled"] is False and acr["anonymousPullEnabled"] is False
+    assert "networkRuleSet" not in acr
+    assert acr["policies"]["exportPolicy"] == {"status": "disabled"}
+    assert azure_run.outputs["registry"] == f"{name}.azurecr.io"
+    registry_id = next(r.inputs["scope"] for r in azure_run.of_type(ROLE) if r.inputs["roleDefinitionId"].endswith(
+        ACR_PULL))
+    # the private path: an endpoint in the node subnet, its records in privatelink.azurecr.io, linked to the VNet
+    endpoint = azure_run.one(ENDPOINT).inputs
+    assert endpoint["subnet"] == {"id": azure_run.outputs["subnetId"]}
+    (connection,) = endpoint["privateLinkServiceConnections"]
+    assert connection["privateLinkServiceId"] == registry_id and connection["groupIds"] == ["registry"]
+    zone = azure_run.one(ZONE).inputs
+    assert zone["privateZoneName"] == "privatelink.azurecr.io"
+    link = azure_run.one(ZONE_LINK).inputs
+    assert link["privateZoneName"] == zone["privateZoneName"] and link["registrationEnabled"] is False
+    assert link["virtualNetwork"]["id"].endswith("/virtualNetworks/gpufleet-azure")
+    group = azure_run.one(ZONE_GROUP).inputs
+    assert group["privateEndpointName"] == endpoint["privateEndpointName"]
+    (config,) = group["privateDnsZoneConfigs"]
+    assert config["privateDnsZoneId"].endswith("/privateDnsZones/privatelink.azurecr.io")
+    # the nodes learn the login server from node.json
+    custom = azure_run.one(VMSS).inputs["virtualMachineProfile"]["osProfile"]["customData"]
+    assert f'"registry": "{name}.azurecr.io"' in base64.b64decode(custom).decode()
 
 
 def test_scale_set_is_one_infiniband_domain_with_ssh_keys_only_on_spot(azure_run):
@@ -111,7 +155,7 @@ def test_custom_data_is_the_cloud_config_of_this_node(azure_run):
     node = derive.node_settings(
         azure_config(), container_url=out["containerUrl"], queue_url=out["queueUrl"], scale_set=out["vmssName"],
         client_id=out["identityClientId"], resource_group=out["resourceGroup"],
-        subscription_id=out["vmssId"].split("/")[2])
+        subscription_id=out["vmssId"].split("/")[2], registry=out["registry"])
     custom = azure_run.one(VMSS).inputs["virtualMachineProfile"]["osProfile"]["customData"]
     text = base64.b64decode(custom).decode()
     assert text.startswith("#cloud-config") and text == render_user_data(node)

@@ -142,3 +142,33 @@ def test_service_linked_role_arn_has_the_service_path_and_suffix():
     assert arn == ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
                    "AWSServiceRoleForAutoScaling_gpufleet-dev")
     assert state["name"] == "AWSServiceRoleForAutoScaling_gpufleet-dev"
+
+
+def test_registry_answers_like_ecr_and_acr():
+    rid, repo = new("aws:ecr/repository:Repository", "images", name="gpufleet-dev")
+    assert rid == repo["name"] == "gpufleet-dev" and repo["registryId"] == "123456789012"
+    assert repo["repositoryUrl"] == "123456789012.dkr.ecr.eu-west-1.amazonaws.com/gpufleet-dev"
+    assert repo["arn"] == "arn:aws:ecr:eu-west-1:123456789012:repository/gpufleet-dev"
+    assert new("aws:ecr/pullThroughCacheRule:PullThroughCacheRule", "r", ecrRepositoryPrefix="ecr-public",
+               upstreamRegistryUrl="public.ecr.aws")[0] == "ecr-public"
+    assert new("aws:ecr/repositoryCreationTemplate:RepositoryCreationTemplate", "t", prefix="k8s")[0] == "k8s"
+    assert new("aws:ecr/lifecyclePolicy:LifecyclePolicy", "l", repository="gpufleet-dev")[0] == "gpufleet-dev"
+    secret = call("aws:secretsmanager/getSecret:getSecret", name="ecr-pullthroughcache/hub")
+    assert re.fullmatch(r"arn:aws:secretsmanager:eu-west-1:123456789012:secret:ecr-pullthroughcache/hub-[0-9a-f]{6}",
+                        secret["arn"]) and "secretString" not in secret
+    rg = "/subscriptions/00000000-0000-4000-8000-000000000001/resourceGroups/gpu"
+    acr_id, acr = new("azure-native:containerregistry:Registry", "r", registryName="gpufleetdev0a1b2c3d",
+                      resourceGroupName="gpu")
+    assert acr_id == f"{rg}/providers/Microsoft.ContainerRegistry/registries/gpufleetdev0a1b2c3d"
+    assert acr["loginServer"] == "gpufleetdev0a1b2c3d.azurecr.io"
+    zone_id, _ = new("azure-native:privatedns:PrivateZone", "z", privateZoneName="privatelink.azurecr.io",
+                     resourceGroupName="gpu")
+    assert zone_id == f"{rg}/providers/Microsoft.Network/privateDnsZones/privatelink.azurecr.io"
+    link_id, _ = new("azure-native:privatedns:VirtualNetworkLink", "l", virtualNetworkLinkName="vnet",
+                     privateZoneName="privatelink.azurecr.io", resourceGroupName="gpu")
+    assert link_id == f"{zone_id}/virtualNetworkLinks/vnet"
+    pe_id, _ = new("azure-native:network:PrivateEndpoint", "pe", privateEndpointName="acr", resourceGroupName="gpu")
+    assert pe_id == f"{rg}/providers/Microsoft.Network/privateEndpoints/acr"
+    group_id, _ = new("azure-native:network:PrivateDnsZoneGroup", "g", privateDnsZoneGroupName="registry",
+                      privateEndpointName="acr", resourceGroupName="gpu")
+    assert group_id == f"{pe_id}/privateDnsZoneGroups/registry"

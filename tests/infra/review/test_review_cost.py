@@ -27,28 +27,28 @@ def test_the_prices_the_examples_rely_on():
     assert catalog.CATALOG["p5.48xlarge"].spot_price_usd_hour == 33.024    # 55.04 x 0.60
     assert catalog.CATALOG["Standard_ND96asr_v4"].price_usd_hour == 27.197
     assert catalog.CATALOG["Standard_ND96asr_v4"].spot_price_usd_hour == 12.2386  # 27.197 x 0.45
-    # AWS root volume 200 GiB gp3 x $0.08 = $16.00 per node; 8 interface endpoints at $0.01/h per AZ = $7.30 each
+    # AWS root volume 200 GiB gp3 x $0.08 = $16.00 per node; 10 interface endpoints at $0.01/h per AZ = $7.30 each
     # (test_review_end_to_end checks these counts against what the stacks create)
-    assert (cost.AWS_ROOT_VOLUME_GIB, cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS) == (200, 8, 3)
+    assert (cost.AWS_ROOT_VOLUME_GIB, cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS) == (200, 10, 3)
 
 
 def test_spot_queue_stack_scaling_from_zero():
     est = cost.estimate(_cfg())
-    # fixed: KMS key 1.00 + dashboard 3.00 + 8 endpoints x 3 AZ x 0.01 x 730 = 175.20 -> 179.20
-    assert est["fixed_monthly_usd"] == 179.20
-    assert [f["monthly_usd"] for f in est["fixed"]] == [1.00, 3.00, 175.20]
+    # fixed: KMS key 1.00 + dashboard 3.00 + 10 endpoints x 3 AZ x 0.01 x 730 = 219.00 -> 223.00
+    assert est["fixed_monthly_usd"] == 223.00
+    assert [f["monthly_usd"] for f in est["fixed"]] == [1.00, 3.00, 219.00]
     # min = desired = 0 nodes: only the fixed items
     assert est["rows"]["min"] == {"nodes": 0, "on_demand_usd": 0.0, "spot_usd": 0.0}
-    assert est["monthly_usd"]["min"] == est["monthly_usd"]["desired"] == 179.20
+    assert est["monthly_usd"]["min"] == est["monthly_usd"]["desired"] == 223.00
     # max = 4 nodes, each with a $16.00 root volume:
     # on-demand 4 x 0.8048 x 730 + 64 = 2414.016; spot 4 x 0.3219 x 730 + 64 = 1003.948
     assert est["rows"]["max"] == {"nodes": 4, "on_demand_usd": 2414.02, "spot_usd": 1003.95}
-    assert est["monthly_usd"]["max"] == 1183.15            # spot stack: 1003.948 + 179.20
+    assert est["monthly_usd"]["max"] == 1226.95            # spot stack: 1003.948 + 223.00
     assert est["purchase"] == "spot"
     assert (est["price_date"], est["price_region"], est["region"]) == (catalog.PRICE_DATE, "us-east-1", "eu-west-1")
-    # budget 3000: 1183.15 / 3000 = 39.44 %, headroom 1816.85
+    # budget 3000: 1226.95 / 3000 = 40.90 %, headroom 1773.05
     assert est["budget"] == {"monthly_usd": 3000.0, "within_at_desired": True, "within_at_max": True,
-                             "headroom_at_max_usd": 1816.85, "used_at_max_pct": 39.4}
+                             "headroom_at_max_usd": 1773.05, "used_at_max_pct": 40.9}
 
 
 def test_on_demand_gang_stack_over_budget():
@@ -58,13 +58,13 @@ def test_on_demand_gang_stack_over_budget():
     # on-demand 4 x 55.04 x 730 + 4 x 16 = 160780.80; spot 4 x 33.024 x 730 + 64 = 96494.08
     for level in ("min", "desired", "max"):
         assert est["rows"][level] == {"nodes": 4, "on_demand_usd": 160780.80, "spot_usd": 96494.08}
-    # gang mode uses one subnet: 8 endpoints x 1 AZ x 7.30 = 58.40; + 1.00 + 3.00 = 62.40
-    assert est["fixed_monthly_usd"] == 62.40
-    assert est["monthly_usd"] == {"min": 160843.20, "desired": 160843.20, "max": 160843.20}
+    # gang mode uses one subnet: 10 endpoints x 1 AZ x 7.30 = 73.00; + 1.00 + 3.00 = 77.00
+    assert est["fixed_monthly_usd"] == 77.00
+    assert est["monthly_usd"] == {"min": 160857.80, "desired": 160857.80, "max": 160857.80}
     assert est["prices"]["spot"]["basis"] == "primary type"
-    # 160843.20 > 150000: over budget already at the desired size, by 10843.20
+    # 160857.80 > 150000: over budget already at the desired size, by 10857.80
     assert (est["budget"]["within_at_desired"], est["budget"]["within_at_max"]) == (False, False)
-    assert est["budget"]["headroom_at_max_usd"] == -10843.20
+    assert est["budget"]["headroom_at_max_usd"] == -10857.80
 
 
 def test_existing_network_has_no_endpoint_charge():
@@ -81,7 +81,7 @@ def test_on_demand_base_is_honoured_in_the_spot_column():
     assert est["rows"]["max"]["spot_usd"] == 1679.64
     # min 0: the base cannot exceed the node count
     assert est["rows"]["min"]["spot_usd"] == 0.0
-    assert est["monthly_usd"]["desired"] == 1239.33           # 1060.132 + 179.20
+    assert est["monthly_usd"]["desired"] == 1283.13           # 1060.132 + 223.00
 
 
 def test_mixed_types_price_on_demand_by_primary_and_spot_by_cheapest():
@@ -101,13 +101,19 @@ def test_azure_stack_prices_the_os_disk_tier():
            "gpufleet:image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
            "gpufleet:sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample test@example"}
     est = cost.estimate(parse(raw, "az"))
-    assert (est["fixed"], est["price_region"]) == ([], "eastus")
+    assert est["price_region"] == "eastus"
+    # the registry nodes pull from: Premium (private endpoints need it) 1.667/day x 730/24 = 50.70,
+    # its private endpoint 0.01 x 730 = 7.30, the privatelink.azurecr.io zone 0.50: 58.50
+    assert [(f["item"], f["monthly_usd"]) for f in est["fixed"]] == [
+        ("Container Registry, Premium tier", 50.70), ("private endpoint (registry)", 7.30),
+        ("private DNS zone (privatelink.azurecr.io)", 0.50)]
+    assert est["fixed_monthly_usd"] == 58.50
     assert est["node_disk"] == {"item": "OS disk 256 GiB Premium SSD (P15)", "usd_month": 38.02}
     # desired 1: 12.2386 x 730 + 38.02 = 8972.198; max 4: 35736.712 + 152.08 = 35888.792 (spot)
-    # and 4 x 27.197 x 730 + 152.08 = 79567.32 (on-demand)
-    assert est["monthly_usd"] == {"min": 0.0, "desired": 8972.20, "max": 35888.79}
+    # and 4 x 27.197 x 730 + 152.08 = 79567.32 (on-demand); each plus the 58.50 fixed
+    assert est["monthly_usd"] == {"min": 58.50, "desired": 9030.70, "max": 35947.29}
     assert est["rows"]["max"]["on_demand_usd"] == 79567.32
-    # 35888.79 > 30000 at max, 8972.20 within at desired
+    # 35947.29 > 30000 at max, 9030.70 within at desired
     assert (est["budget"]["within_at_desired"], est["budget"]["within_at_max"]) == (True, False)
 
 
