@@ -174,7 +174,27 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-ssm",
           {"role": "node-1a2b", "policyArn": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"},
           deps={"role": [role]})
+    _registry(s, key, t)
     return {"key": key, "bucket": bucket, "vpc": vpc, "subnet": subnet, "sg": sg, "role": role}
+
+
+def _registry(s: Stack, key: dict, t: dict) -> None:
+    """The stack's ECR repository and one pull-through cache rule with its creation template."""
+    kms = [{"encryptionType": "KMS", "kmsKey": KEY_ARN}]
+    repo = s.add("aws:ecr/repository:Repository", "images", {
+        "name": f"gpufleet-{s.stack}", "imageTagMutability": "IMMUTABLE", "forceDelete": False,
+        "imageScanningConfiguration": {"scanOnPush": True}, "encryptionConfigurations": kms, "tags": t},
+        deps={"encryptionConfigurations": [key]})
+    s.add("aws:ecr/lifecyclePolicy:LifecyclePolicy", "images-lifecycle", {
+        "repository": f"gpufleet-{s.stack}", "policy": json.dumps({"rules": [
+            {"rulePriority": 1, "selection": {"tagStatus": "any", "countType": "imageCountMoreThan",
+                                              "countNumber": 50}, "action": {"type": "expire"}}]})},
+        deps={"repository": [repo]})
+    s.add("aws:ecr/repositoryCreationTemplate:RepositoryCreationTemplate", "cache-ecr-public", {
+        "prefix": "ecr-public", "appliedFors": ["PULL_THROUGH_CACHE"], "imageTagMutability": "MUTABLE",
+        "encryptionConfigurations": kms, "resourceTags": t}, deps={"encryptionConfigurations": [key]})
+    s.add("aws:ecr/pullThroughCacheRule:PullThroughCacheRule", "cache-ecr-public", {
+        "ecrRepositoryPrefix": "ecr-public", "upstreamRegistryUrl": "public.ecr.aws"})
 
 
 def _bucket_guards(s: Stack, bucket: dict, name: str, prefix: str) -> None:
@@ -306,6 +326,10 @@ def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack
                                "keyData": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"}]}}},
             "securityProfile": {"encryptionAtHost": True},
         }}, deps={"resourceGroupName": [rg]})
+    s.add("azure-native:containerregistry:Registry", "registry", {
+        "resourceGroupName": "gpufleet-azure-rg", "registryName": "gpufleetazure0a1b2c3d", "sku": {"name": "Premium"},
+        "adminUserEnabled": False, "anonymousPullEnabled": False, "publicNetworkAccess": "Disabled",
+        "networkRuleBypassOptions": "None", "tags": t}, deps={"resourceGroupName": [rg]})
     s.add("azure-native:monitor:AutoscaleSetting", "nodes-autoscale", {
         "resourceGroupName": "gpufleet-azure-rg", "enabled": True, "targetResourceUri": "/subscriptions/x/vmss/nodes",
         "profiles": [{"name": "queue", "capacity": {"minimum": "0", "maximum": "4", "default": "0"}, "rules": []}],

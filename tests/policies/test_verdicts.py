@@ -308,6 +308,54 @@ CASES = [
          on="nodes", level="advisory"),
     Case("monthly-ceiling-configured", "dev", edit("nodes", maxSize=20),
          policy_config={"aws-autoscaling-group-monthly-ceiling": {"monthlyCeilingUsd": 10000}}),
+    # --- registries -------------------------------------------------------------------------------
+    Case("ecr-aes256", "prod", edit("images", encryptionConfigurations=[{"encryptionType": "AES256"}]),
+         ("aws-ecr-repository-kms-encrypted",), on="images"),
+    Case("ecr-encryption-unset", "dev", pop("images", "encryptionConfigurations"),
+         ("aws-ecr-repository-kms-encrypted",), on="images"),
+    Case("ecr-template-default-encryption", "prod", pop("cache-ecr-public", "encryptionConfigurations"),
+         ("aws-ecr-repository-kms-encrypted",), on="cache-ecr-public"),
+    Case("ecr-kms-dsse", "prod", edit("images", encryptionConfigurations=[
+        {"encryptionType": "KMS_DSSE", "kmsKey": f.KEY_ARN}])),
+    Case("ecr-encryption-unknown", "prod", edit("images", encryptionConfigurations=f.UNKNOWN)),
+    Case("ecr-no-scan", "prod", edit("images", imageScanningConfiguration={"scanOnPush": False}),
+         ("aws-ecr-repository-scan-on-push",), on="images"),
+    Case("ecr-scan-unset", "dev", pop("images", "imageScanningConfiguration"),
+         ("aws-ecr-repository-scan-on-push",), on="images"),
+    Case("ecr-mutable-tags", "prod", edit("images", imageTagMutability="MUTABLE"),
+         ("aws-ecr-repository-immutable-tags",), on="images"),
+    Case("ecr-mutability-unset", "dev", pop("images", "imageTagMutability"),
+         ("aws-ecr-repository-immutable-tags",), on="images"),
+    Case("ecr-public-repository-policy", "prod", add("aws:ecr/repositoryPolicy:RepositoryPolicy", "images-policy", {
+        "repository": "gpufleet-prod", "policy": json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Sid": "AnyonePulls", "Effect": "Allow", "Principal": "*",
+             "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]}]})}, {"repository": ["images"]}),
+         ("aws-ecr-repository-no-public-policy",), on="images-policy"),
+    Case("ecr-public-registry-policy", "prod", add("aws:ecr/registryPolicy:RegistryPolicy", "registry-policy", {
+        "policy": json.dumps({"Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]},
+                                             "Action": "ecr:CreateRepository", "Resource": "*"}]})}),
+         ("aws-ecr-repository-no-public-policy",), on="registry-policy"),
+    Case("ecr-public-template-policy", "dev", edit("cache-ecr-public", repositoryPolicy=json.dumps({"Statement": [
+        {"Effect": "Allow", "Principal": "*", "Action": "ecr:BatchGetImage"}]})),
+         ("aws-ecr-repository-no-public-policy",), on="cache-ecr-public"),
+    Case("ecr-org-scoped-policy", "prod", add("aws:ecr/repositoryPolicy:RepositoryPolicy", "images-policy", {
+        "repository": "gpufleet-prod", "policy": json.dumps({"Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": "ecr:BatchGetImage",
+             "Condition": {"StringEquals": {"aws:PrincipalOrgID": "o-a1b2c3d4e5"}}}]})})),
+    Case("ecr-account-policy", "prod", add("aws:ecr/repositoryPolicy:RepositoryPolicy", "images-policy", {
+        "repository": "gpufleet-prod", "policy": json.dumps({"Statement": [
+            {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::210987654321:root"},
+             "Action": "ecr:BatchGetImage"}]})})),
+    Case("acr-admin-user", "azure", edit("registry", adminUserEnabled=True),
+         ("azure-containerregistry-registry-admin-disabled",), on="registry"),
+    Case("acr-admin-unset", "azure", pop("registry", "adminUserEnabled")),
+    Case("acr-public-network", "azure", edit("registry", publicNetworkAccess="Enabled"),
+         ("azure-containerregistry-registry-no-public-access",), on="registry"),
+    Case("acr-public-network-unset", "azure-phi", pop("registry", "publicNetworkAccess"),
+         ("azure-containerregistry-registry-no-public-access",), on="registry"),
+    Case("acr-anonymous-pull", "azure", edit("registry", anonymousPullEnabled=True),
+         ("azure-containerregistry-registry-no-public-access",), on="registry"),
+    Case("acr-network-unknown", "azure", edit("registry", publicNetworkAccess=f.UNKNOWN)),
     # --- Azure ------------------------------------------------------------------------------------
     Case("az-http", "azure", edit(AZ_SA, enableHttpsTrafficOnly=False), ("azure-storage-account-https-only",),
          on=AZ_SA),
