@@ -1,7 +1,8 @@
 """Network: a VNet clear of the RDMA range and one private node subnet: an NSG that denies internet
 inbound, no default outbound internet access, and a Microsoft.Storage service endpoint (the storage
 firewall admits this subnet only). Nodes need nothing else: tokens and Scheduled Events come from the
-link-local metadata service, images carry the software."""
+link-local metadata service, images carry the software, job containers come from the registry's private
+endpoint in this subnet (infra/azure/registry.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
