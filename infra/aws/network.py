@@ -40,6 +40,7 @@ class NetworkArgs:
     existing: Optional[ExistingNetwork]
     account_id: pulumi.Input[str]
     bucket_arns: tuple[pulumi.Input[str], ...]  # the buckets nodes use, the only ones the S3 endpoint reaches
+    aws_owned_reads: tuple[str, ...]  # AWS-owned buckets nodes read through the S3 endpoint (ECR layers)
     tags: dict[str, str]
 
 
@@ -121,7 +122,7 @@ class Network(pulumi.ComponentResource):
             f"{p}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{a.region}.s3", vpc_endpoint_type="Gateway",
             route_table_ids=[route_table.id],
             policy=pulumi.Output.all(a.account_id, *a.bucket_arns).apply(
-                lambda v: json.dumps(policies.s3_endpoint_policy(v[0], list(v[1:])))),
+                lambda v: json.dumps(policies.s3_endpoint_policy(v[0], list(v[1:]), list(a.aws_owned_reads)))),
             tags=a.tags, opts=child)
         aws.vpc.SecurityGroupEgressRule(
             f"{p}-nodes-egress-s3", security_group_id=self.node_sg.id, ip_protocol="tcp",

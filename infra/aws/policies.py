@@ -182,16 +182,22 @@ def interface_endpoint_policy(account_id: str) -> dict:
                  "Condition": _this_account(account_id)})
 
 
-def s3_endpoint_policy(account_id: str, bucket_arns: list[str]) -> dict:
-    """The S3 gateway endpoint reaches only the named buckets of this account, for this account's principals.
+def s3_endpoint_policy(account_id: str, bucket_arns: list[str], aws_owned_reads: list[str] = ()) -> dict:
+    """The S3 gateway endpoint reaches only the named buckets of this account, for this account's principals,
+    and reads (GetObject only) from the AWS-owned buckets named one by one in ``aws_owned_reads``.
 
-    The nodes need no AWS-owned bucket: they boot from a baked image, and Session Manager uses none (SSM
-    Agent's buckets serve patching, Distributor and agent self-updates, which the stack does not use).
-    A need for one (the ECR layer bucket `prod-<region>-starport-layer-bucket` once nodes pull from ECR)
-    is added here by name, with the actions it needs."""
+    The one AWS-owned bucket the nodes need is ECR's layer bucket `prod-<region>-starport-layer-bucket`
+    (image layers; infra.aws.registry.layer_bucket_arn). They boot from a baked image, and Session Manager
+    uses none (SSM Agent's buckets serve patching, Distributor and agent self-updates, which the stack does
+    not use)."""
     resources = [r for arn in bucket_arns for r in (arn, f"{arn}/*")]
-    return _doc({"Sid": "StackBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
-                 "Resource": resources, "Condition": _this_account(account_id)})
+    statements = [{"Sid": "StackBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
+                   "Resource": resources, "Condition": _this_account(account_id)}]
+    if aws_owned_reads:
+        statements.append({"Sid": "AwsOwnedReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                           "Resource": [f"{arn}/*" for arn in aws_owned_reads],
+                           "Condition": {"StringEquals": {"aws:PrincipalAccount": account_id}}})
+    return _doc(*statements)
 
 
 def asg_arn(region: str, account_id: str, asg_name: str) -> str:

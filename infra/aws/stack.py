@@ -108,7 +108,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     network = Network("network", NetworkArgs(
         prefix=names.prefix, region=cfg.region, single_subnet=gang,
         node_to_node=gang, placement_group=gang, existing=cfg.network, account_id=account_id,
-        bucket_arns=(storage.bucket.arn,), tags=tags))
+        bucket_arns=(storage.bucket.arn,), aws_owned_reads=(registry.layer_bucket_arn(cfg.region),), tags=tags))
     flow_logs = FlowLogs("flow-logs", FlowLogsArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
         key_arn=storage.key.arn, log_group_name=names.flow_log_group,

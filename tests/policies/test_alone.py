@@ -82,7 +82,21 @@ def scale_set(stack: str = "azure", capacity: int = 0, **overrides) -> dict:
     return {**values, **overrides}
 
 
+def ecr(**overrides) -> dict:
+    values = {"imageTagMutability": "IMMUTABLE", "imageScanningConfiguration": {"scanOnPush": True},
+              "encryptionConfigurations": [{"encryptionType": "KMS", "kmsKey": KEY}], "tags": tags("prod")}
+    return {**values, **overrides}
+
+
+def acr(**overrides) -> dict:
+    values = {"resourceGroupName": "rg", "sku": {"name": "Premium"}, "adminUserEnabled": False,
+              "publicNetworkAccess": "Disabled", "anonymousPullEnabled": False, "tags": tags("azure")}
+    return {**values, **overrides}
+
+
 BUCKET = "aws:s3/bucket:Bucket"
+ECR = "aws:ecr/repository:Repository"
+ACR = "azure-native:containerregistry:Registry"
 BUCKET_MISSING_ALL = frozenset({"aws-s3-bucket-sse-kms", "aws-s3-bucket-versioning", "aws-s3-bucket-public-access-block",
                                 "aws-s3-bucket-tls-only", "aws-s3-bucket-access-logging"})
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -239,6 +253,21 @@ ALONE = [
           one("aws-kms-phi-cmk-encryption", PHI_WITHOUT_VPC)),
     Alone("azure-storage-account-phi-cmk", "azure-phi", SA, account(tags=tags("azure-phi")),
           one("azure-storage-account-phi-cmk")),
+    # --- registries: a repository or registry of its own, every other setting right ----------------------
+    Alone("aws-ecr-repository-kms-encrypted", "prod", ECR, ecr(encryptionConfigurations=[{"encryptionType": "AES256"}]),
+          one("aws-ecr-repository-kms-encrypted")),
+    Alone("aws-ecr-repository-scan-on-push", "prod", ECR, ecr(imageScanningConfiguration={"scanOnPush": False}),
+          one("aws-ecr-repository-scan-on-push")),
+    Alone("aws-ecr-repository-immutable-tags", "prod", ECR, ecr(imageTagMutability="MUTABLE"),
+          one("aws-ecr-repository-immutable-tags")),
+    Alone("aws-ecr-repository-no-public-policy", "prod", "aws:ecr/repositoryPolicy:RepositoryPolicy",
+          {"repository": "imported", "policy": _doc({"Effect": "Allow", "Principal": "*",
+                                                     "Action": ["ecr:BatchGetImage"]})},
+          one("aws-ecr-repository-no-public-policy")),
+    Alone("azure-containerregistry-registry-admin-disabled", "azure", ACR, acr(adminUserEnabled=True),
+          one("azure-containerregistry-registry-admin-disabled")),
+    Alone("azure-containerregistry-registry-no-public-access", "azure", ACR, acr(publicNetworkAccess="Enabled"),
+          one("azure-containerregistry-registry-no-public-access")),
     Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY}, one("aws-any-resource-cost-tags")),
     Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
           one("azure-any-resource-cost-tags")),

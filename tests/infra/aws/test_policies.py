@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.aws import policies
+from infra.aws import policies, registry
 from infra.aws.stack import role_suffix
 from tests.infra.aws.harness import assert_autoscaling_ebs_grants, assert_least_privilege
 
@@ -192,3 +192,13 @@ def test_s3_endpoint_reaches_only_the_named_buckets():
     assert st["Resource"] == [BUCKET, f"{BUCKET}/*"] and st["Effect"] == "Allow"
     assert st["Condition"]["StringEquals"]["aws:ResourceAccount"] == "123456789012"
     assert all(st["Resource"] != "*" for st in doc["Statement"])
+
+
+def test_s3_endpoint_reads_ecr_layers_from_the_one_aws_owned_bucket_and_nothing_more():
+    layers = registry.layer_bucket_arn("eu-west-1")
+    doc = policies.s3_endpoint_policy("123456789012", [BUCKET], [layers])
+    stack, owned = doc["Statement"]
+    assert stack["Resource"] == [BUCKET, f"{BUCKET}/*"]
+    assert owned == {"Sid": "AwsOwnedReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                     "Resource": ["arn:aws:s3:::prod-eu-west-1-starport-layer-bucket/*"],
+                     "Condition": {"StringEquals": {"aws:PrincipalAccount": "123456789012"}}}

@@ -67,11 +67,13 @@ def test_endpoints_replace_a_nat(built):
     for ep in endpoints.values():
         assert ep.inputs["vpcEndpointType"] == "Interface" and ep.inputs["privateDnsEnabled"] is True
         assert ep.inputs["subnetIds"] == subnet_ids
-    # every endpoint keeps to this account; through S3 only the stack's bucket
+    # every endpoint keeps to this account; through S3 only the stack's bucket, and ECR's layers read only
     account = {"StringEquals": {"aws:PrincipalAccount": ACCOUNT, "aws:ResourceAccount": ACCOUNT}}
-    (s3_statement,) = json.loads(s3.inputs["policy"])["Statement"]
+    s3_statement, layers = json.loads(s3.inputs["policy"])["Statement"]
     bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
     assert s3_statement["Resource"] == [bucket_arn, bucket_arn + "/*"] and s3_statement["Condition"] == account
+    assert layers["Action"] == "s3:GetObject"
+    assert layers["Resource"] == [f"arn:aws:s3:::prod-{region}-starport-layer-bucket/*"]
     for ep in endpoints.values():
         (statement,) = json.loads(ep.inputs["policy"])["Statement"]
         assert (statement["Principal"], statement["Resource"], statement["Condition"]) == ("*", "*", account)
