@@ -32,7 +32,7 @@ def _steps(path: Path) -> list[int]:
 
 def interrupted_run(workdir: Path, notice: bool) -> tuple[int, float]:
     """(steps lost, seconds from the notice until the process had exited or was killed)."""
-    from tests.trainer.fake_imds import FakeImds
+    from infra.demo.imds import FakeImds
     from trainer.loop.checkpoint import Checkpointer
     from trainer.loop.storage import open_store
 

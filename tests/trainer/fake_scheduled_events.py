@@ -9,7 +9,7 @@ import json
 import threading
 from urllib.parse import parse_qs, urlparse
 
-from tests.trainer.loopback_http import LoopbackServer, QuietHandler
+from infra.demo.loopback_http import LoopbackServer, QuietHandler
 
 
 class FakeScheduledEvents(LoopbackServer):

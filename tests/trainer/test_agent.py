@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from tests.trainer.aws import LifecycleStubbed, counts, make_group, send
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
 from trainer.node.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
                            visibility_extension)

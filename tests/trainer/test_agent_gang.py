@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.trainer.aws import LifecycleStubbed, counts, send
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, steps, wait_for
 from trainer.node.agent import GangAgent, gang_command
 from trainer.loop.checkpoint import Checkpointer, from_bytes

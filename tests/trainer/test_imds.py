@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from trainer.clouds.aws import LIFECYCLE, REBALANCE, Imds, ImdsUnavailable, Watcher, interruption
 from trainer.loop.stop import StopNotice
 

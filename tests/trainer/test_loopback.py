@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import ROOT
 from trainer.loop.train import NODE_JSON
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import GATE, TRAIN, final_state, start_train, steps, wait_for
 from trainer.loop.config import parse_args
 from trainer.clouds.aws import LIFECYCLE, SPOT_ACTION

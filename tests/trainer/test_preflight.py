@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from tests.trainer.aws import LifecycleStubbed, make_group
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from trainer.errors import UsageError
 from trainer.clouds.aws import NodePlatform
 from trainer.node.preflight import Finding, HostProbe, check, main

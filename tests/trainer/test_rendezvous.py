@@ -10,7 +10,7 @@ import sys
 import boto3
 import pytest
 
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import ROOT
 from trainer.node.rendezvous import Gang, RendezvousError, discover, form, order, wait_for_head
 

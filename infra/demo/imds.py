@@ -1,7 +1,9 @@
-"""A fake EC2 instance metadata service (IMDSv2 only) on 127.0.0.1, over real HTTP.
+"""A stand-in for the EC2 instance metadata service (IMDSv2 only) on 127.0.0.1, over real HTTP: the
+demo's nodes (and the tests) get their instance identity and spot notices from it.
 
 PUT /latest/api/token needs the TTL header and returns a token; every GET needs a live token
-(401 otherwise) and answers 404 for items not set. Tests change items while it runs.
+(401 otherwise) and answers 404 for items not set. Items change while it runs (``set``,
+``spot_interruption``).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import secrets
 import threading
 import time
 
-from tests.trainer.loopback_http import LoopbackServer, QuietHandler
+from infra.demo.loopback_http import LoopbackServer, QuietHandler
 
 
 class FakeImds(LoopbackServer):

@@ -1,6 +1,8 @@
-"""A real HTTP server on 127.0.0.1 at a free port, served from a daemon thread inside a `with` block."""
+"""A real HTTP server on 127.0.0.1 at a free port, served from a daemon thread inside a `with` block: the
+base of the demo's instance metadata service and of the tests' fakes of other metadata endpoints."""
 from __future__ import annotations
 
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,10 +24,18 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (its timeout passed) is not an error of the server: say nothing."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class LoopbackServer:
     def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -1,0 +1,223 @@
+"""The demo's arithmetic: jobs' runs from their metrics files, the live table's rows, when to send the
+spot notice, and the summary (steps lost and redone, requeue latency, GPU-hours and their price).
+Pure functions on plain data; the orchestration (infra.demo.cluster) reads the files and the queue.
+
+A metrics file (one per job and node, ``<node>/jobs/<job>/metrics.jsonl``) holds one record per optimizer
+step: ``step``, ``loss``, ``time`` (wall clock when written), ``step_time_s`` and, on a step whose
+checkpoint was saved, ``checkpoint_s``. A run is a stretch of increasing steps; a resumed process on the
+same node appends a new run to the same file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra import catalog
+
+STOP_MARGIN = 0.2  # the notice needs this fraction of the job's steps left, so that the job stops before it ends
+
+
+@dataclass(frozen=True)
+class Run:
+    node: str
+    records: tuple[dict, ...]
+
+    @property
+    def first(self) -> int:
+        return self.records[0]["step"]
+
+    @property
+    def last(self) -> int:
+        return self.records[-1]["step"]
+
+    @property
+    def started(self) -> float:
+        return self.records[0]["time"] - self.records[0].get("step_time_s", 0.0)
+
+    @property
+    def ended(self) -> float:
+        return self.records[-1]["time"]
+
+    @property
+    def checkpoints(self) -> list[int]:
+        return [r["step"] for r in self.records if "checkpoint_s" in r]
+
+    @property
+    def seconds(self) -> float:
+        """Training time of the run: from the start of its first step to its last record."""
+        return self.ended - self.started
+
+
+@dataclass(frozen=True)
+class Notice:
+    node: str
+    job: str
+    time: float
+    step: int  # the job's last recorded step when the notice was sent
+
+
+def split_runs(node: str, records: list[dict]) -> list[Run]:
+    """A metrics file's records as runs: a step not above the previous one starts a new run."""
+    runs: list[list[dict]] = []
+    for rec in records:
+        if not runs or rec["step"] <= runs[-1][-1]["step"]:
+            runs.append([])
+        runs[-1].append(rec)
+    return [Run(node, tuple(r)) for r in runs]
+
+
+def job_runs(files: dict[str, list[dict]]) -> list[Run]:
+    """All runs of one job (``files``: node -> the records of its metrics file), in start order."""
+    return sorted((run for node, recs in files.items() for run in split_runs(node, recs)), key=lambda r: r.started)
+
+
+@dataclass(frozen=True)
+class Row:
+    job: str
+    node: str
+    step: int
+    total: int
+    loss: float | None
+    checkpoint: int | None
+    state: str
+
+
+def job_state(runs: list[Run], total: int, notice: Notice | None, job: str, handed_back: bool) -> str:
+    """waiting, running, spot notice: stopping, handed back at N, resumed from N, done."""
+    if not runs:
+        return "waiting"
+    latest = runs[-1]
+    if latest.last >= total:
+        return "done"
+    if notice is not None and notice.job == job and latest.node == notice.node:
+        return f"handed back at {latest.last}" if handed_back else "spot notice: stopping"
+    if len(runs) > 1 and runs[-2].node != latest.node:
+        return f"resumed from {latest.first - 1}"
+    return "running"
+
+
+def rows(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: int,
+         checkpoints: dict[str, int | None], notice: Notice | None, handed_back: set[str] = frozenset()) -> list[Row]:
+    """The live table: per job its node, step, loss, newest checkpoint in the store and state
+    (``handed_back``: jobs whose agent said it handed the message back)."""
+    out = []
+    for job in jobs:
+        runs = job_runs(files.get(job, {}))
+        latest = runs[-1] if runs else None
+        out.append(Row(job, latest.node if latest else "-", latest.last if latest else 0, total,
+                       latest.records[-1]["loss"] if latest else None, checkpoints.get(job),
+                       job_state(runs, total, notice, job, job in handed_back)))
+    return out
+
+
+def victim(table: list[Row], visible: int, in_flight: int) -> Row | None:
+    """The job to interrupt now, or None: the one job still running while the queue is empty and the
+    other nodes are idle (so that one can take it over at once), with steps done and enough left."""
+    running = [r for r in table if r.state == "running"]
+    if visible or in_flight != 1 or len(running) != 1:
+        return None
+    r = running[0]
+    return r if 1 <= r.step <= r.total * (1 - STOP_MARGIN) else None
+
+
+@dataclass
+class Summary:
+    jobs: int
+    jobs_done: int
+    steps_per_job: int
+    steps_lost: int
+    steps_redone: int
+    steps_missing: int
+    interrupted_job: str | None
+    notice_node: str | None
+    stopped_at: int | None            # the interrupted run's last step (its checkpoint)
+    resumed_node: str | None
+    resumed_from: int | None          # the checkpoint step the next run started after
+    stop_s: float | None              # notice -> the checkpoint of the stop step written
+    requeue_latency_s: float | None   # notice -> the job's first step done on the other node
+    node_hours: float
+    costs: list[dict] = field(default_factory=list)
+    stack_cost: dict = field(default_factory=dict)   # {on_demand|spot: {instance_type, usd}}
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def steps_lost(run: Run) -> int:
+    """Steps a run did after its newest checkpoint (or its start): gone with the process."""
+    saved = run.checkpoints
+    return run.last - (saved[-1] if saved else run.first - 1)
+
+
+def steps_redone(runs: list[Run]) -> int:
+    """Step numbers trained by more than one run."""
+    seen: set[int] = set()
+    again = 0
+    for run in runs:
+        steps = {r["step"] for r in run.records}
+        again += len(steps & seen)
+        seen |= steps
+    return again
+
+
+def steps_missing(runs: list[Run], total: int) -> int:
+    """Steps 1..total that no run recorded."""
+    done = {r["step"] for run in runs for r in run.records}
+    return len(set(range(1, total + 1)) - done)
+
+
+def costs(node_hours: float, instance_types: list[str]) -> list[dict]:
+    """The same node-hours on each instance type: GPU-hours, on-demand and spot price (catalog list prices
+    and its planning spot ratio, as the preview's cost estimate prices them)."""
+    out = []
+    for name in instance_types:
+        t = catalog.CATALOG[name]
+        out.append({"instance_type": name, "gpus": t.gpus, "gpu_hours": node_hours * t.gpus,
+                    "on_demand_usd": node_hours * t.price_usd_hour, "spot_usd": node_hours * t.spot_price_usd_hour})
+    return out
+
+
+def stack_cost(node_hours: float, prices: dict) -> dict:
+    """The node-hours at the preview's cost basis (``cost.prices``: the primary type on demand, the cheapest
+    listed type on spot)."""
+    return {kind: {"instance_type": p["instance_type"], "usd": node_hours * p["usd_hour"]}
+            for kind, p in prices.items()}
+
+
+def summarize(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: int, notice: Notice | None,
+              instance_types: list[str], stack_prices: dict) -> Summary:
+    """The end-of-demo figures and what went wrong (``failures``: one line each; none means success)."""
+    all_runs = {job: job_runs(files.get(job, {})) for job in jobs}
+    done = [j for j, runs in all_runs.items() if runs and runs[-1].last >= total]
+    failures = [f"job {j} did not finish" for j in jobs if j not in done]
+    lost = redone = missing = 0
+    for runs in all_runs.values():
+        lost += sum(steps_lost(r) for r in runs[:-1])  # every run but the finishing one was interrupted
+        redone += steps_redone(runs)
+        missing += steps_missing(runs, total) if runs else 0
+    node_hours = sum(r.seconds for runs in all_runs.values() for r in runs) / 3600
+    s = Summary(len(jobs), len(done), total, lost, redone, missing, None, None, None, None, None, None, None,
+                node_hours, costs(node_hours, instance_types), stack_cost(node_hours, stack_prices), failures)
+    if notice is None:
+        failures.append("no spot notice was sent: no job was left running alone long enough")
+        return s
+    runs = all_runs[notice.job]
+    hit = [i for i, r in enumerate(runs) if r.node == notice.node and r.started <= notice.time]
+    s.interrupted_job, s.notice_node = notice.job, notice.node
+    if not hit or hit[-1] + 1 >= len(runs):
+        failures.append(f"job {notice.job} was not resumed after the notice to {notice.node}")
+        return s
+    stopped, resumed = runs[hit[-1]], runs[hit[-1] + 1]
+    s.stopped_at, s.resumed_node, s.resumed_from = stopped.last, resumed.node, resumed.first - 1
+    s.stop_s = stopped.ended - notice.time
+    s.requeue_latency_s = resumed.records[0]["time"] - notice.time
+    if resumed.node == notice.node:
+        failures.append(f"job {notice.job} resumed on {resumed.node}, the node that got the notice")
+    if lost:
+        failures.append(f"{lost} step(s) lost")
+    if redone:
+        failures.append(f"{redone} step(s) trained twice")
+    if missing:
+        failures.append(f"{missing} step(s) never trained")
+    return s

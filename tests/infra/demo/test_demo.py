@@ -1,0 +1,100 @@
+"""The demo end to end, as a user runs it (`python -m infra.demo`): a small sweep through moto, two
+nodes of real agents and train processes, a spot notice; and Ctrl-C in the middle of it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from infra.demo.cluster import descendants
+from infra.demo.cli import parse_args, sweep_values, UsageError
+
+ROOT = Path(__file__).resolve().parents[3]
+SMALL = ["--jobs", "3", "--steps", "40", "--timeout", "500"]
+
+
+def demo(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "160"}
+    return subprocess.Popen([sys.executable, "-m", "infra.demo", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def test_arguments():
+    args = parse_args([])
+    assert (args.stack, args.jobs, args.steps) == ("dev", 5, 150)
+    with pytest.raises(UsageError, match="--jobs: 2 is not allowed; expected >= 3"):
+        parse_args(["--jobs", "2"])
+    with pytest.raises(UsageError, match="--steps"):
+        parse_args(["--steps", "0"])
+    assert len(set(sweep_values(12))) == 12 and sweep_values(3) == ["1.0e-04", "3.2e-04", "1.0e-03"]
+
+
+def test_help_lists_the_defaults_and_bad_flags_exit_2():
+    out = subprocess.run([sys.executable, "-m", "infra.demo", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "(default: 5)" in out.stdout and "(default: dev)" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "infra.demo", "--jobs", "1"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: --jobs")
+    gang = subprocess.run([sys.executable, "-m", "infra.demo", "--stack", "prod"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert gang.returncode == 2 and gang.stderr == "error: stack 'prod' is in 'gang' mode; the demo runs a " \
+                                                   "queue-mode stack\n"
+
+
+def test_a_sweep_survives_a_spot_interruption(tmp_path):
+    summary_file = tmp_path / "summary.json"
+    proc = demo([*SMALL, "--summary-json", str(summary_file)], tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    s = json.loads(summary_file.read_text())
+    assert s["ok"] and s["failures"] == []
+    assert (s["jobs"], s["jobs_done"], s["steps_lost"], s["steps_redone"], s["steps_missing"]) == (3, 3, 0, 0, 0)
+    assert s["notice_node"] != s["resumed_node"] and s["nodes"].keys() == {"node-1", "node-2"}
+    assert s["resumed_from"] == s["stopped_at"] and 0 < s["stopped_at"] < 40
+    assert s["requeue_latency_s"] > s["stop_s"] > 0
+    assert [c["instance_type"] for c in s["costs"]] == ["g6.xlarge", "g5.xlarge", "g6.2xlarge", "g5.2xlarge"]
+    assert s["stack_cost"]["spot"]["usd"] < s["stack_cost"]["on_demand"]["usd"]
+    assert "spot interruption notice to " + s["notice_node"] in out
+    assert f"resumed from {s['stopped_at']} on {s['resumed_node']}" in out
+    assert "Traceback" not in out
+    assert list((tmp_path / "tmp").iterdir()) == []  # the work directory is gone
+
+
+def start_time(pid: int) -> str | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()[19]
+
+
+def test_ctrl_c_stops_everything_and_leaves_nothing(tmp_path):
+    proc = demo(SMALL, tmp_path)
+    lines: list[str] = []
+    training = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "running on node-" in line:
+                training.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert training.wait(400), "".join(lines)[-3000:]
+    started = {pid: start_time(pid) for pid in descendants(proc.pid)}
+    assert len(started) >= 3  # moto, an agent, its train process
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 130
+    reader.join(10)
+    out = "".join(lines)
+    assert "Traceback" not in out and "interrupted" in out
+    left = [pid for pid, t in started.items() if t is not None and start_time(pid) == t]
+    assert left == [], f"processes left behind: {left}"
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -1,0 +1,122 @@
+"""The demo's arithmetic on hand-made metrics records: runs, table states, the notice, the summary."""
+from __future__ import annotations
+
+import pytest
+
+from infra import catalog
+from infra.demo import progress as pg
+
+TOTAL = 10
+
+
+def recs(steps, t0: float, ckpt=(), dt: float = 1.0) -> list[dict]:
+    """Records of consecutive steps, one per `dt` seconds from t0; `ckpt` steps carry checkpoint_s."""
+    out = []
+    for i, step in enumerate(steps):
+        r = {"step": step, "loss": 5.0 - step / 10, "time": t0 + (i + 1) * dt, "step_time_s": dt}
+        if step in ckpt:
+            r["checkpoint_s"] = 0.01
+        out.append(r)
+    return out
+
+
+def test_a_file_splits_into_runs_where_the_step_does_not_increase():
+    file = recs(range(1, 5), 0, ckpt={4}) + recs(range(3, 7), 10)
+    runs = pg.split_runs("node-1", file)
+    assert [(r.first, r.last, r.checkpoints) for r in runs] == [(1, 4, [4]), (3, 6, [])]
+    assert runs[0].started == 0 and runs[0].ended == 4 and runs[0].seconds == 4
+
+
+def test_runs_of_a_job_on_two_nodes_come_in_start_order():
+    runs = pg.job_runs({"node-2": recs(range(6, 11), 20), "node-1": recs(range(1, 6), 0, ckpt={5})})
+    assert [(r.node, r.first) for r in runs] == [("node-1", 1), ("node-2", 6)]
+
+
+def test_states_through_an_interruption():
+    notice = pg.Notice("node-1", "j", time=3.5, step=3)
+    running = {"node-1": recs(range(1, 4), 0)}
+    assert pg.job_state([], TOTAL, None, "j", False) == "waiting"
+    assert pg.job_state(pg.job_runs(running), TOTAL, None, "j", False) == "running"
+    assert pg.job_state(pg.job_runs(running), TOTAL, notice, "j", False) == "spot notice: stopping"
+    stopped = {"node-1": recs(range(1, 5), 0, ckpt={4})}
+    assert pg.job_state(pg.job_runs(stopped), TOTAL, notice, "j", True) == "handed back at 4"
+    resumed = {**stopped, "node-2": recs(range(5, 7), 10)}
+    assert pg.job_state(pg.job_runs(resumed), TOTAL, notice, "j", True) == "resumed from 4"
+    done = {**stopped, "node-2": recs(range(5, 11), 10)}
+    assert pg.job_state(pg.job_runs(done), TOTAL, notice, "j", True) == "done"
+    # another job on the noticed node is not affected
+    assert pg.job_state(pg.job_runs(running), TOTAL, notice, "other", False) == "running"
+
+
+def test_rows_show_node_step_loss_and_checkpoint():
+    files = {"a": {"node-1": recs(range(1, 4), 0)}, "b": {}}
+    rows = pg.rows(["a", "b"], files, TOTAL, {"a": 2, "b": None}, None)
+    assert rows == [pg.Row("a", "node-1", 3, TOTAL, pytest.approx(4.7), 2, "running"),
+                    pg.Row("b", "-", 0, TOTAL, None, None, "waiting")]
+
+
+def row(state="running", step=4, job="a", node="node-1"):
+    return pg.Row(job, node, step, TOTAL, 1.0, None, state)
+
+
+def test_the_victim_is_the_one_job_left_running_with_steps_to_go():
+    assert pg.victim([row(), row("done", TOTAL, "b")], visible=0, in_flight=1) == row()
+    assert pg.victim([row(), row("done", TOTAL, "b")], visible=1, in_flight=1) is None   # a job still queued
+    assert pg.victim([row(), row(job="b", node="node-2")], visible=0, in_flight=2) is None  # no idle node
+    assert pg.victim([row(step=0)], visible=0, in_flight=1) is None        # nothing done yet
+    assert pg.victim([row(step=9)], visible=0, in_flight=1) is None        # too close to the end to stop
+
+
+def test_steps_lost_redone_and_missing():
+    clean = pg.job_runs({"node-1": recs(range(1, 5), 0, ckpt={4}), "node-2": recs(range(5, 11), 10)})
+    assert [pg.steps_lost(r) for r in clean] == [0, 6]
+    assert pg.steps_redone(clean) == 0 and pg.steps_missing(clean, TOTAL) == 0
+    # killed at step 6 after the checkpoint of step 4: steps 5 and 6 are lost and trained again
+    killed = pg.job_runs({"node-1": recs(range(1, 7), 0, ckpt={4}), "node-2": recs(range(5, 11), 10)})
+    assert pg.steps_lost(killed[0]) == 2 and pg.steps_redone(killed) == 2
+    assert pg.steps_missing(pg.job_runs({"n": recs([1, 2, 5], 0)}), 5) == 2
+
+
+def test_costs_price_the_node_hours_from_the_catalog():
+    rows = pg.costs(2.0, ["g6.xlarge", "g6.12xlarge"])
+    g6, big = catalog.CATALOG["g6.xlarge"], catalog.CATALOG["g6.12xlarge"]
+    assert rows[0] == {"instance_type": "g6.xlarge", "gpus": 1, "gpu_hours": 2.0,
+                       "on_demand_usd": 2.0 * g6.price_usd_hour, "spot_usd": 2.0 * g6.spot_price_usd_hour}
+    assert rows[1]["gpu_hours"] == 8.0 and rows[1]["spot_usd"] == 2.0 * big.spot_price_usd_hour
+    prices = {"on_demand": {"instance_type": "g6.xlarge", "usd_hour": 0.8}, "spot": {"instance_type": "g5.xlarge",
+                                                                                     "usd_hour": 0.3}}
+    assert pg.stack_cost(2.0, prices) == {"on_demand": {"instance_type": "g6.xlarge", "usd": 1.6},
+                                          "spot": {"instance_type": "g5.xlarge", "usd": 0.6}}
+
+
+def interrupted(second_first_step: int = 5):
+    files = {
+        "a": {"node-1": recs(range(1, 11), 0, ckpt={10})},
+        "b": {"node-1": recs(range(1, 5), 20, ckpt={4}), "node-2": recs(range(second_first_step, 11), 30)},
+    }
+    return files, pg.Notice("node-1", "b", time=23.5, step=3)
+
+
+def test_summary_of_a_clean_interruption():
+    files, notice = interrupted()
+    s = pg.summarize(["a", "b"], files, TOTAL, notice, ["g6.xlarge"], {})
+    assert s.ok, s.failures
+    assert (s.jobs_done, s.steps_lost, s.steps_redone, s.steps_missing) == (2, 0, 0, 0)
+    assert (s.interrupted_job, s.notice_node, s.stopped_at, s.resumed_node, s.resumed_from) == \
+        ("b", "node-1", 4, "node-2", 4)
+    assert s.stop_s == pytest.approx(24 - 23.5)
+    assert s.requeue_latency_s == pytest.approx(31 - 23.5)       # the resumed run's first record
+    assert s.node_hours == pytest.approx((10 + 4 + 6) / 3600)    # 20 one-second steps in all
+    assert s.costs[0]["on_demand_usd"] == pytest.approx(s.node_hours * catalog.CATALOG["g6.xlarge"].price_usd_hour)
+
+
+def test_summary_fails_on_redone_steps_no_resume_or_no_notice():
+    files, notice = interrupted(second_first_step=3)
+    assert pg.summarize(["a", "b"], files, TOTAL, notice, [], {}).failures == ["2 step(s) trained twice"]
+    files, notice = interrupted()
+    del files["b"]["node-2"]
+    s = pg.summarize(["a", "b"], files, TOTAL, notice, [], {})
+    assert s.failures == ["job b did not finish", "job b was not resumed after the notice to node-1"]
+    files, _ = interrupted()
+    assert pg.summarize(["a", "b"], files, TOTAL, None, [], {}).failures == [
+        "no spot notice was sent: no job was left running alone long enough"]
