@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.jobs < 3:
         raise UsageError(f"--jobs: {args.jobs} is not allowed; expected >= 3 (two nodes, and one job left to interrupt)")
+    if args.work_dir and Path(args.work_dir).exists() and any(Path(args.work_dir).iterdir()):
+        raise UsageError(f"--work-dir: {args.work_dir} is not empty; give a new or empty directory")
     if args.steps < 20:
         raise UsageError(f"--steps: {args.steps} is not allowed; expected >= 20 (the notice needs steps left)")
     return args

@@ -292,7 +292,8 @@ class Cluster:
         if self._moto is not None:
             own[self._moto.pid] = self._moto
         spared = self._others | ({self._moto.pid} if keep_moto and self._moto else set())
-        for _ in range(3):
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
             pids = [p for p in descendants(os.getpid()) if p not in spared]
             if not pids:
                 return
@@ -306,9 +307,9 @@ class Cluster:
                     own[pid].wait()
                     continue
                 try:
-                    os.waitpid(pid, 0)  # an orphan that came to us as subreaper
+                    os.waitpid(pid, os.WNOHANG)  # an orphan that came to us as subreaper
                 except ChildProcessError:
-                    pass  # not our child (a grandchild whose parent reaps it)
+                    pass  # still its parent's: reaped there, or comes to us when the parent is gone
             time.sleep(0.05)
 
     def close(self) -> None:

@@ -228,7 +228,7 @@ def group_request(r: StackResources, subnet: str, launch_template: str, desired:
     in one moto subnet, at ``desired`` nodes (what the backlog scaling would ask for)."""
     inputs = r.group["inputs"]
     mixed = inputs.get("mixedInstancesPolicy", {})
-    params = {
+    return {
         "AutoScalingGroupName": r.group_name, "MinSize": inputs.get("minSize", 0),
         "MaxSize": max(inputs.get("maxSize", desired), desired), "DesiredCapacity": desired,
         "VPCZoneIdentifier": subnet, "CapacityRebalance": bool(inputs.get("capacityRebalance", False)),
@@ -241,7 +241,6 @@ def group_request(r: StackResources, subnet: str, launch_template: str, desired:
         "Tags": [{"Key": t["key"], "Value": t["value"], "PropagateAtLaunch": bool(t.get("propagateAtLaunch"))}
                  for t in inputs.get("tags", [])],
     }
-    return params
 
 
 def policy_resources(policy: str) -> set[str]:

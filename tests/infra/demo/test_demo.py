@@ -27,7 +27,11 @@ def demo(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
-def test_arguments():
+def test_arguments(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "x").write_text("")
+    with pytest.raises(UsageError, match="--work-dir: .* is not empty"):
+        parse_args(["--work-dir", str(tmp_path / "old")])
     args = parse_args([])
     assert (args.stack, args.jobs, args.steps) == ("dev", 5, 150)
     with pytest.raises(UsageError, match="--jobs: 2 is not allowed; expected >= 3"):

@@ -60,6 +60,17 @@ def test_queue_requests_carry_redrive_encryption_and_policies(res):
     assert json.loads(dlq_extra["RedriveAllowPolicy"])["sourceQueueArns"] == [res.jobs.mock_arn]
 
 
+def test_group_request_keeps_the_previewed_group(res):
+    g = rs.group_request(res, "subnet-1", "lt-demo", 2)
+    assert (g["AutoScalingGroupName"], g["MinSize"], g["MaxSize"], g["DesiredCapacity"]) == (res.group_name, 0, 4, 2)
+    assert [o["InstanceType"] for o in g["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"]] == res.instance_types
+    assert g["MixedInstancesPolicy"]["InstancesDistribution"] == {
+        "OnDemandPercentageAboveBaseCapacity": 0, "SpotAllocationStrategy": "price-capacity-optimized",
+        "OnDemandBaseCapacity": 0}
+    assert g["CapacityRebalance"] is True
+    assert {"Key": "gpufleet-stack", "Value": "dev", "PropagateAtLaunch": True} in g["Tags"]
+
+
 def test_substitute_replaces_whole_arns_before_ids_inside_json():
     mapping = {"k-1": "real-1", "arn:aws:kms:r:1:key/k-1": "arn:aws:kms:r:2:key/real-1"}
     value = {"a": ["arn:aws:kms:r:1:key/k-1", json.dumps({"Key": "k-1"})], "n": 3}
