@@ -43,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
     p.add_argument("--jobs", type=_positive, default=5, help="jobs in the sweep (one learning rate each), >= 3")
-    p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job, >= 20")
+    p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job (about 0.1 s each), >= 20")
     p.add_argument("--work-dir", metavar="DIR", help="use (and keep) this directory instead of a temporary one")
     p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (nodes' logs, metrics)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary here as JSON")
@@ -193,6 +193,9 @@ def run(args: argparse.Namespace, display: Display) -> pg.Summary:
     try:
         display.say(f"preview of stack {args.stack} (in-process, mock runtime)")
         doc = preview_document(args.stack)
+        levels = [v.get("level") for v in doc.get("policy", {}).get("violations", [])]
+        display.say(f"preview: {len(doc['resources'])} resources, {levels.count('mandatory')} mandatory and "
+                    f"{len(levels) - levels.count('mandatory')} advisory policy findings")
         cluster.start(doc)
         display.say(f"moto server at {cluster.endpoint} stands in for the account; work dir {work}")
         cluster.provision()
@@ -203,11 +206,12 @@ def run(args: argparse.Namespace, display: Display) -> pg.Summary:
         nodes = [cluster.add_node(f"node-{i + 1}", inst) for i, inst in enumerate(instances)]
         jobs = cluster.submit(JOB_ID, "lr=" + ",".join(sweep_values(args.jobs)), train_args(args.steps))
         display.say(f"submitted {len(jobs)} jobs to {cluster.queue_url}")
-        summary = follow(args, cluster, nodes, jobs, display)
+        summary, protected = follow(args, cluster, nodes, jobs, display)
         cluster.stop_agents()
         summary_json = {**dataclasses.asdict(summary), "ok": summary.ok, "wall_s": time.monotonic() - started,
                         "stack": args.stack, "queue_url": cluster.queue_url, "bucket": cluster.res.bucket_name,
-                        "nodes": {n.name: n.instance_id for n in nodes}, "notes": cluster.notes}
+                        "nodes": {n.name: n.instance_id for n in nodes}, "protected_seen": sorted(protected),
+                        "notes": cluster.notes}
         display.final(job_table(display.table), *summary_table(summary, summary_json["wall_s"]))
         if args.summary_json:
             Path(args.summary_json).write_text(json.dumps(summary_json, indent=2) + "\n")
@@ -246,8 +250,9 @@ class AgentLog:
                 raise DemoFailure(f"{self.path.parent.name}: {m.group(0)}")
 
 
-def follow(args, cluster, nodes, jobs: list[str], display: Display) -> pg.Summary:
-    """Start the nodes, watch the jobs, send the spot notice, until every job is done."""
+def follow(args, cluster, nodes, jobs: list[str], display: Display) -> tuple[pg.Summary, set[str]]:
+    """Start the nodes, watch the jobs, send the spot notice, until every job is done. Returns the summary
+    and the nodes seen protected from scale-in (by their agent, in moto) while a job ran."""
     first, second = nodes
     deadline = time.monotonic() + args.timeout
     notice: pg.Notice | None = None
@@ -255,6 +260,7 @@ def follow(args, cluster, nodes, jobs: list[str], display: Display) -> pg.Summar
     seen: dict[str, str] = {}
     checkpoints: dict[str, int | None] = {}
     logs: dict[str, AgentLog] = {}
+    protected_seen: set[str] = set()
 
     def start(node) -> None:
         cluster.start_agent(node)
@@ -279,8 +285,8 @@ def follow(args, cluster, nodes, jobs: list[str], display: Display) -> pg.Summar
                 if r.state != "waiting":
                     display.say(f"{r.job}: {r.state} on {r.node} (step {r.step})")
                 seen[r.job] = r.state
-        if second.proc is None and any(r.step >= args.steps // 2 for r in table):
-            start(second)  # half a job later than the first, so that one job is left running alone at the end
+        if second.proc is None and any(r.step >= args.steps // 3 for r in table):
+            start(second)  # a third of a job after the first, so that one job is left running alone at the end
         if notice is None and second.proc is not None:
             target = pg.victim(table, *cluster.queue_counts())
             if target:
@@ -300,6 +306,7 @@ def follow(args, cluster, nodes, jobs: list[str], display: Display) -> pg.Summar
                 display.say(f"{n.name}: the agent took no more jobs and exited ({n.proc.returncode}); "
                             f"instance {n.instance_id} terminated in the group")
         protected = cluster.protected()
+        protected_seen |= {n.name for n in nodes if protected.get(n.instance_id)}
         display.update(table, "   ".join(
             f"{n.name} {n.instance_id} {n.instance_type}: "
             + ("reclaimed" if reclaimed and n.name == notice.node else
@@ -308,7 +315,7 @@ def follow(args, cluster, nodes, jobs: list[str], display: Display) -> pg.Summar
         if all(r.state == "done" for r in table):
             display.update(pg.rows(jobs, files, args.steps, read_checkpoints(), notice, handed_back), "")
             return pg.summarize(jobs, files, args.steps, notice, cluster.res.instance_types,
-                                cluster.doc.get("cost", {}).get("prices", {}))
+                                cluster.doc.get("cost", {}).get("prices", {})), protected_seen
         if time.monotonic() > deadline:
             raise DemoFailure(f"the jobs did not finish within {args.timeout} s")
         time.sleep(POLL_S)

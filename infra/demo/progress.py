@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from infra import catalog
 
-STOP_MARGIN = 0.2  # the notice needs this fraction of the job's steps left, so that the job stops before it ends
+MIN_LEFT_S = 4.0  # training time a job must have left for a notice: the watcher's 2 s poll, the stop step
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,13 @@ class Row:
     loss: float | None
     checkpoint: int | None
     state: str
+    step_time_s: float | None = None  # of the latest steps
+
+
+def step_time(run: Run, last: int = 5) -> float:
+    """Mean step time of the run's last few steps."""
+    recent = run.records[-last:]
+    return sum(r.get("step_time_s", 0.0) for r in recent) / len(recent)
 
 
 def job_state(runs: list[Run], total: int, notice: Notice | None, job: str, handed_back: bool) -> str:
@@ -105,18 +112,19 @@ def rows(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: int,
         latest = runs[-1] if runs else None
         out.append(Row(job, latest.node if latest else "-", latest.last if latest else 0, total,
                        latest.records[-1]["loss"] if latest else None, checkpoints.get(job),
-                       job_state(runs, total, notice, job, job in handed_back)))
+                       job_state(runs, total, notice, job, job in handed_back), step_time(latest) if latest else None))
     return out
 
 
-def victim(table: list[Row], visible: int, in_flight: int) -> Row | None:
+def victim(table: list[Row], visible: int, in_flight: int, min_left_s: float = MIN_LEFT_S) -> Row | None:
     """The job to interrupt now, or None: the one job still running while the queue is empty and the
-    other nodes are idle (so that one can take it over at once), with steps done and enough left."""
+    other nodes are idle (so that one can take it over at once), with steps done and ``min_left_s`` of
+    training left at its recent step time."""
     running = [r for r in table if r.state == "running"]
     if visible or in_flight != 1 or len(running) != 1:
         return None
     r = running[0]
-    return r if 1 <= r.step <= r.total * (1 - STOP_MARGIN) else None
+    return r if r.step >= 1 and (r.total - r.step) * (r.step_time_s or 0.0) >= min_left_s else None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 nodes of real agents and train processes, a spot notice; and Ctrl-C in the middle of it."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -11,12 +12,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from infra.demo import progress as pg
+from infra.demo.cli import Display, UsageError, job_table, parse_args, summary_table, sweep_values
 from infra.demo.cluster import descendants
-from infra.demo.cli import parse_args, sweep_values, UsageError
 
 ROOT = Path(__file__).resolve().parents[3]
-SMALL = ["--jobs", "3", "--steps", "40", "--timeout", "500"]
+SMALL = ["--jobs", "3", "--steps", "100", "--timeout", "900"]  # 10 s of training per job on an idle machine
 
 
 def demo(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
@@ -55,13 +58,14 @@ def test_help_lists_the_defaults_and_bad_flags_exit_2():
 def test_a_sweep_survives_a_spot_interruption(tmp_path):
     summary_file = tmp_path / "summary.json"
     proc = demo([*SMALL, "--summary-json", str(summary_file)], tmp_path)
-    out, _ = proc.communicate(timeout=600)
+    out, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, out[-3000:]
     s = json.loads(summary_file.read_text())
     assert s["ok"] and s["failures"] == []
     assert (s["jobs"], s["jobs_done"], s["steps_lost"], s["steps_redone"], s["steps_missing"]) == (3, 3, 0, 0, 0)
     assert s["notice_node"] != s["resumed_node"] and s["nodes"].keys() == {"node-1", "node-2"}
-    assert s["resumed_from"] == s["stopped_at"] and 0 < s["stopped_at"] < 40
+    assert s["protected_seen"] == ["node-1", "node-2"]  # both agents' scale-in protection calls reached moto
+    assert s["resumed_from"] == s["stopped_at"] and 0 < s["stopped_at"] < 100
     assert s["requeue_latency_s"] > s["stop_s"] > 0
     assert [c["instance_type"] for c in s["costs"]] == ["g6.xlarge", "g5.xlarge", "g6.2xlarge", "g5.2xlarge"]
     assert s["stack_cost"]["spot"]["usd"] < s["stack_cost"]["on_demand"]["usd"]
@@ -102,3 +106,22 @@ def test_ctrl_c_stops_everything_and_leaves_nothing(tmp_path):
     left = [pid for pid, t in started.items() if t is not None and start_time(pid) == t]
     assert left == [], f"processes left behind: {left}"
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_live_table_and_the_summary_render():
+    display = Display()
+    display.console = Console(file=io.StringIO(), force_terminal=True, width=140, record=True)
+    with display:
+        assert display.live is not None
+        display.say("spot interruption notice to node-1")
+        display.update([pg.Row("demo.lr-1.0e-04", "node-2", 7, 40, 3.25, 5, "resumed from 5")],
+                       "node-1 i-1 g6.xlarge: reclaimed")
+        s = pg.Summary(3, 3, 40, 0, 0, 0, "demo.lr-1.0e-04", "node-1", 5, "node-2", 5, 1.5, 7.25, 0.01,
+                       pg.costs(0.01, ["g6.xlarge"]),
+                       pg.stack_cost(0.01, {"spot": {"instance_type": "g6.xlarge", "usd_hour": 0.3219}}))
+        display.final(job_table(display.table), *summary_table(s, 99.0))
+    text = display.console.export_text()
+    for expected in ("resumed from 5", "7/40", "3.250", "node-1 i-1 g6.xlarge: reclaimed",
+                     "requeue latency (demo.lr-1.0e-04: node-1 -> node-2)", "7.2 s", "g6.xlarge",
+                     "USD 0.00322", "99 s"):
+        assert expected in text, expected

@@ -51,20 +51,27 @@ def test_states_through_an_interruption():
 def test_rows_show_node_step_loss_and_checkpoint():
     files = {"a": {"node-1": recs(range(1, 4), 0)}, "b": {}}
     rows = pg.rows(["a", "b"], files, TOTAL, {"a": 2, "b": None}, None)
-    assert rows == [pg.Row("a", "node-1", 3, TOTAL, pytest.approx(4.7), 2, "running"),
+    assert rows == [pg.Row("a", "node-1", 3, TOTAL, pytest.approx(4.7), 2, "running", 1.0),
                     pg.Row("b", "-", 0, TOTAL, None, None, "waiting")]
 
 
+def test_step_time_is_the_mean_of_the_latest_steps():
+    run = pg.split_runs("n", recs(range(1, 4), 0, dt=1.0) + [{"step": s, "loss": 1, "time": 9 + s, "step_time_s": 3.0}
+                                                            for s in range(4, 9)])[0]
+    assert pg.step_time(run) == 3.0 and pg.step_time(run, last=8) == pytest.approx((3 * 1 + 5 * 3) / 8)
+
+
 def row(state="running", step=4, job="a", node="node-1"):
-    return pg.Row(job, node, step, TOTAL, 1.0, None, state)
+    return pg.Row(job, node, step, TOTAL, 1.0, None, state, 1.0)
 
 
-def test_the_victim_is_the_one_job_left_running_with_steps_to_go():
+def test_the_victim_is_the_one_job_left_running_with_time_to_go():
     assert pg.victim([row(), row("done", TOTAL, "b")], visible=0, in_flight=1) == row()
     assert pg.victim([row(), row("done", TOTAL, "b")], visible=1, in_flight=1) is None   # a job still queued
     assert pg.victim([row(), row(job="b", node="node-2")], visible=0, in_flight=2) is None  # no idle node
     assert pg.victim([row(step=0)], visible=0, in_flight=1) is None        # nothing done yet
-    assert pg.victim([row(step=9)], visible=0, in_flight=1) is None        # too close to the end to stop
+    assert pg.victim([row(step=7)], visible=0, in_flight=1) is None        # 3 steps of 1 s left: < 4 s
+    assert pg.victim([row(step=7)], visible=0, in_flight=1, min_left_s=3) == row(step=7)
 
 
 def test_steps_lost_redone_and_missing():
