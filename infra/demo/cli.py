@@ -39,7 +39,9 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m infra.demo", description=__doc__.splitlines()[0],
+    p = _Parser(prog="python -m infra.demo",
+                description="The cluster in a box: the stack's bucket and queues in a local moto server, two local "
+                            "nodes running the real agent, a sweep, a spot interruption and its resume, a summary.",
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
     p.add_argument("--jobs", type=_positive, default=5, help="jobs in the sweep (one learning rate each), >= 3")
