@@ -3,6 +3,7 @@
     gpufleet preview (--stack NAME | --config-file F) [--format table|json|markdown] [--diff BASE.json] ...
     gpufleet catalog list|refresh
     gpufleet jobs submit --queue-url URL ... -- <train flags>
+    gpufleet demo [--jobs N] [--steps N] ...
 
 Each command is one entry of COMMANDS: a module that exposes ``configure(parser)`` (its flags, on the
 parser this file builds) and ``run(args) -> int``. A command is added by adding its entry.
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preview": ("infra.preview.__main__", "offline preview of a stack: resources, policy verdicts, monthly cost"),
     "catalog": ("infra.catalog", "the GPU instance catalog: list it, or compare it with EC2"),
     "jobs": ("infra.jobs", "training jobs on a cluster's queue"),
+    "demo": ("infra.demo", "the cluster in a box: moto for the account, two local nodes, a sweep, a spot notice"),
 }
 
 
@@ -112,5 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     return guarded(run)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m infra.cli`: run the importable module, so its UsageError is the one raised
+    from infra.cli import main as _main
+
+    raise SystemExit(_main())

@@ -1,8 +1,21 @@
-"""The cluster in a box: `python -m infra.demo` (see infra.demo.cli)."""
+"""The cluster in a box: `gpufleet demo` or `python -m infra.demo` (see infra.demo.cli)."""
 from __future__ import annotations
 
 
-def main(argv: list[str] | None = None) -> int:
-    from infra.demo.cli import main as run
+def configure(parser) -> None:
+    from infra.demo.cli import DESCRIPTION, configure
 
-    return run(argv)
+    parser.description = DESCRIPTION
+    configure(parser)
+
+
+def run(args) -> int:
+    from infra.demo.cli import check, execute
+
+    return execute(check(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from infra.demo.cli import main
+
+    return main(argv)

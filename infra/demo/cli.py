@@ -16,20 +16,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from infra.cli import ArgumentParser, UsageError
 from infra.demo import progress as pg
 
 NODES = 2
 JOB_ID = "demo"
 POLL_S = 0.25
+DESCRIPTION = ("The cluster in a box: the stack's bucket and queues in a local moto server, two local nodes "
+               "running the real agent, a sweep, a spot interruption and its resume, a summary.")
 
 
-class UsageError(Exception):
-    """Bad command-line arguments; str() is one line."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} ({' '.join(self.format_usage().split())})")
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
+    p.add_argument("--jobs", type=_positive, default=5, help="jobs in the sweep (one learning rate each), >= 3")
+    p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job (about 0.1 s each), >= 20")
+    p.add_argument("--work-dir", metavar="DIR", help="use (and keep) this directory instead of a temporary one")
+    p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (nodes' logs, metrics)")
+    p.add_argument("--summary-json", metavar="FILE", help="also write the summary here as JSON")
+    p.add_argument("--timeout", type=_positive, default=600, metavar="S", help="give up after S seconds")
 
 
 def _positive(text: str) -> int:
@@ -38,19 +42,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m infra.demo",
-                description="The cluster in a box: the stack's bucket and queues in a local moto server, two local "
-                            "nodes running the real agent, a sweep, a spot interruption and its resume, a summary.",
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
-    p.add_argument("--jobs", type=_positive, default=5, help="jobs in the sweep (one learning rate each), >= 3")
-    p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job (about 0.1 s each), >= 20")
-    p.add_argument("--work-dir", metavar="DIR", help="use (and keep) this directory instead of a temporary one")
-    p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (nodes' logs, metrics)")
-    p.add_argument("--summary-json", metavar="FILE", help="also write the summary here as JSON")
-    p.add_argument("--timeout", type=_positive, default=600, metavar="S", help="give up after S seconds")
-    args = p.parse_args(argv)
+def check(args: argparse.Namespace) -> argparse.Namespace:
     if args.jobs < 3:
         raise UsageError(f"--jobs: {args.jobs} is not allowed; expected >= 3 (two nodes, and one job left to interrupt)")
     if args.work_dir and Path(args.work_dir).exists() and any(Path(args.work_dir).iterdir()):
@@ -58,6 +50,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.steps < 20:
         raise UsageError(f"--steps: {args.steps} is not allowed; expected >= 20 (the notice needs steps left)")
     return args
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = ArgumentParser(prog="python -m infra.demo", description=DESCRIPTION)
+    configure(p)
+    return check(p.parse_args(argv))
 
 
 def sweep_values(n: int) -> list[str]:
@@ -328,14 +326,19 @@ def _sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infra.config import ConfigError
-    from infra.demo.resources import PreviewMismatch
-
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return execute(args)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the demo of checked arguments; its exit status (0, 1, 2 or 130), every failure told in one line."""
+    from infra.config import ConfigError
+    from infra.demo.resources import PreviewMismatch
+
     previous = signal.signal(signal.SIGTERM, _sigterm)
     display = Display()
     try:
