@@ -1,4 +1,4 @@
-"""`python -m trainer train|agent|preflight|submit|shards|rendezvous`; user errors become one line on stderr and exit 2."""
+"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous`; user errors become one line on stderr and exit 2."""
 from __future__ import annotations
 
 import importlib
@@ -10,6 +10,7 @@ from trainer.errors import UsageError
 
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "train": "trainer.loop.cli",
+    "convert": "trainer.loop.convert",
     "agent": "trainer.node.agent",
     "preflight": "trainer.node.preflight",
     "submit": "trainer.jobs.submit",

@@ -43,7 +43,7 @@ def test_bad_values_found_after_parsing(capsys, tmp_path):
     ck = ["--checkpoint-uri", str(tmp_path / "ck")]
     line = one_line_error(capsys, ["train", "--model", "gpt-huge", *ck])
     assert line == ("error: --model: 'gpt-huge' is not allowed; "
-                    "expected one of gpt-tiny, gpt-small, gpt-base or module:factory")
+                    "expected one of gpt-tiny, gpt-small, gpt-base, gpt-350m, gpt-1.3b or module:factory")
     line = one_line_error(capsys, ["train", "--dataset", "imagenet", *ck])
     assert line == ("error: --dataset: 'imagenet' is not allowed; expected text, synthetic, module:factory, "
                     "s3://bucket/prefix or a directory of shards (a path with '/')")

@@ -204,6 +204,42 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return self.prefix + key
 
+    def dcp_writer(self, key: str):
+        """Sharded checkpoints through s3torchconnector's DCP writer (the AWS CRT), when it is installed;
+        None: the trainer's DCP writer over this store (boto3)."""
+        crt = self._crt_client()
+        if crt is None:
+            return None
+        from s3torchconnector.dcp import S3StorageWriter
+        from s3torchconnector.dcp.s3_file_system import S3FileSystem
+
+        writer = S3StorageWriter(crt.region, f"s3://{self.bucket}/{self._key(key)}", thread_count=4)
+        writer.fs = S3FileSystem(crt.region, s3_client=crt)  # the writer takes no endpoint of its own
+        return writer
+
+    def dcp_reader(self, key: str):
+        crt = self._crt_client()
+        if crt is None:
+            return None
+        from s3torchconnector.dcp import S3StorageReader
+        from s3torchconnector.dcp.s3_file_system import S3FileSystem
+
+        reader = S3StorageReader(crt.region, f"s3://{self.bucket}/{self._key(key)}")
+        reader.fs = S3FileSystem(crt.region, s3_client=crt, reader_constructor=reader._reader_constructor)
+        return reader
+
+    def _crt_client(self):
+        """An s3torchconnector client in boto3's region, at AWS_ENDPOINT_URL(_S3) when set; None if not installed."""
+        try:
+            import s3torchconnector.dcp  # noqa: F401 (needs its "dcp" extra)
+            from s3torchconnector import S3ClientConfig
+            from s3torchconnector._s3client import S3Client
+        except ImportError:
+            return None
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return S3Client(self.client.meta.region_name, endpoint=endpoint,
+                        s3client_config=S3ClientConfig(force_path_style=bool(endpoint)))
+
     def _missing(self, exc: Exception) -> bool:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
         return code in ("404", "NoSuchKey", "NotFound")

@@ -1,11 +1,15 @@
 """Checkpoints in a Store, written with a commit protocol.
 
 Layout under the checkpoint URI, for step N (zero-padded to 9 digits):
-  step-N/<part>    the parts (serialized state), written first;
-  step-N.json      the manifest, written last: {"format", "step", "parts": {name: {"sha256", "bytes"}}}.
+  step-N/<part>    the parts, written first;
+  step-N.json      the manifest, written last: {"format", "step", "parts": {name: {...}}}.
+Two formats share the protocol. Format 1 ("full"): rank 0's whole-state files model.pt, optim.pt,
+trainer.pt, each with its "sha256" and "bytes". Format 2 ("dcp", trainer.loop.sharded): every rank's
+torch.distributed.checkpoint shard files and DCP's .metadata, with the world size that wrote them.
 A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks valid.
-Loading checks every part's size and SHA-256; a corrupt newest checkpoint is skipped with a warning
-and the previous one is used. After each commit only the newest `keep` checkpoints remain.
+Loading checks every part (format 1: size and SHA-256; format 2: every shard present); a corrupt newest
+checkpoint is skipped with a warning and the previous one is used. After each commit only the newest
+`keep` checkpoints remain.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from trainer.loop.storage import Store
 log = logging.getLogger("trainer")
 MANIFEST = re.compile(r"^step-(\d{9})\.json$")
 FORMAT = 1
+SHARDED_FORMAT = 2
 
 
 class CorruptCheckpoint(Exception):
@@ -44,8 +49,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()  # releases the GIL: runs alongside the upload
 
 
-def _name(step: int) -> str:
+def step_name(step: int) -> str:
     return f"step-{step:09d}"
+
 
 
 class Checkpointer:
@@ -67,10 +73,14 @@ class Checkpointer:
         and written concurrently and each is hashed while it uploads, so the transfer dominates.
         """
         with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-            written = {name: pool.submit(self._put, f"{_name(step)}/{name}", obj) for name, obj in parts.items()}
+            written = {name: pool.submit(self._put, f"{step_name(step)}/{name}", obj) for name, obj in parts.items()}
             entries = {name: future.result() for name, future in written.items()}
-        manifest = {"format": FORMAT, "step": step, "time": time.time(), "parts": entries}
-        self.store.write_bytes(f"{_name(step)}.json", json.dumps(manifest, indent=1).encode())
+        self.commit(step, entries, FORMAT)
+
+    def commit(self, step: int, parts: dict[str, dict], fmt: int, **extra) -> None:
+        """Write the manifest of parts already in the store (the commit), then drop old checkpoints."""
+        manifest = {"format": fmt, "step": step, "time": time.time(), **extra, "parts": parts}
+        self.store.write_bytes(f"{step_name(step)}.json", json.dumps(manifest, indent=1).encode())
         self._prune(step)
 
     def _put(self, key: str, obj: object) -> dict:
@@ -80,19 +90,27 @@ class Checkpointer:
             self.store.write_bytes(key, data)
             return {"sha256": digest.result(), "bytes": len(data)}
 
-    def load(self, step: int) -> dict[str, bytes]:
-        """The verified parts of a committed checkpoint (fetched concurrently); raises CorruptCheckpoint."""
+    def manifest(self, step: int) -> dict:
+        """The manifest of a committed checkpoint; raises CorruptCheckpoint."""
         try:
-            manifest = json.loads(self.store.read_bytes(f"{_name(step)}.json"))
-            entries = manifest["parts"]
-            if manifest.get("format") != FORMAT or manifest.get("step") != step:
-                raise CorruptCheckpoint(f"{_name(step)}.json: unexpected format or step")
+            manifest = json.loads(self.store.read_bytes(f"{step_name(step)}.json"))
+            if (manifest.get("format") not in (FORMAT, SHARDED_FORMAT) or manifest.get("step") != step
+                    or not isinstance(manifest["parts"], dict)):
+                raise CorruptCheckpoint(f"{step_name(step)}.json: unexpected format or step")
         except FileNotFoundError:
-            raise CorruptCheckpoint(f"{_name(step)}.json: missing") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCheckpoint(f"{_name(step)}.json: unreadable manifest ({exc})") from None
+            raise CorruptCheckpoint(f"{step_name(step)}.json: missing") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpoint(f"{step_name(step)}.json: unreadable manifest ({exc})") from None
+        return manifest
+
+    def load(self, step: int) -> dict[str, bytes]:
+        """The verified parts of a committed format-1 checkpoint (fetched concurrently); raises CorruptCheckpoint."""
+        manifest = self.manifest(step)
+        if manifest["format"] != FORMAT:
+            raise CorruptCheckpoint(f"{step_name(step)}: a sharded checkpoint, not whole-state files")
+        entries = manifest["parts"]
         with ThreadPoolExecutor(max_workers=max(1, len(entries))) as pool:
-            fetched = {name: pool.submit(self._fetch, f"{_name(step)}/{name}", entry)
+            fetched = {name: pool.submit(self._fetch, f"{step_name(step)}/{name}", entry)
                        for name, entry in entries.items()}
             return {name: f.result() for name, f in fetched.items()}
 
@@ -106,20 +124,34 @@ class Checkpointer:
         return data
 
     def load_latest(self) -> tuple[int, dict[str, bytes]] | None:
-        """The newest checkpoint that verifies, falling back past corrupt ones with a warning."""
+        """The newest format-1 checkpoint that verifies, falling back past corrupt ones with a warning."""
+        found = self.latest()
+        if found and found[1]["format"] != FORMAT:
+            raise CorruptCheckpoint(f"{step_name(found[0])}: a sharded checkpoint, not whole-state files")
+        return (found[0], found[2]) if found else None
+
+    def latest(self) -> tuple[int, dict, dict[str, bytes] | None] | None:
+        """The newest checkpoint that verifies, falling back past corrupt ones with a warning: (step, manifest,
+        the parts of a format-1 checkpoint or None for a sharded one, whose shards are checked present)."""
+        from trainer.loop.sharded import verify_present  # torch.distributed.checkpoint only when needed
+
         for step in self.steps():
             try:
-                return step, self.load(step)
+                manifest = self.manifest(step)
+                if manifest["format"] == SHARDED_FORMAT:
+                    verify_present(self, step, manifest)
+                    return step, manifest, None
+                return step, manifest, self.load(step)
             except CorruptCheckpoint as exc:
                 log.warning("checkpoint %s%s is corrupt (%s); trying the previous one",
-                            self.store.uri.rstrip("/") + "/", _name(step), exc)
+                            self.store.uri.rstrip("/") + "/", step_name(step), exc)
         return None
 
     def _prune(self, newest: int) -> None:
         """Keep the newest `keep` checkpoints; delete older ones (manifest first) and older orphan parts."""
         kept = set(self.steps()[: self.keep])
         for step in self.steps()[self.keep:]:
-            self.store.delete(f"{_name(step)}.json")
+            self.store.delete(f"{step_name(step)}.json")
         for key in self.store.list("step-"):
             m = re.match(r"^step-(\d{9})/", key)
             if m and int(m.group(1)) not in kept and int(m.group(1)) < newest:

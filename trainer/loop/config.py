@@ -14,6 +14,8 @@ from typing import Any, Callable
 from trainer.errors import ArgumentParser, UsageError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+PARALLELS = ("ddp", "fsdp")
+CHECKPOINT_FORMATS = ("auto", "dcp", "full")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,17 @@ class TrainConfig:
     profile_steps: int = 0
     profile_dir: str = "profile"
     log_every: int = 10
+    parallel: str = "ddp"
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
+    compile: bool = False
+    checkpoint_format: str = "auto"  # auto: dcp under fsdp, full under ddp
+    async_checkpoint: bool = True  # dcp checkpoints only
+
+    @property
+    def dcp(self) -> bool:
+        """Whether checkpoints are sharded (torch.distributed.checkpoint) rather than whole files of rank 0."""
+        return self.checkpoint_format == "dcp" or (self.checkpoint_format == "auto" and self.parallel == "fsdp")
 
 
 def _int(minimum: int) -> Callable[[Any], int]:
@@ -125,7 +138,7 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "pin_memory": (_optional(_bool), "pin host batches (default: on with a GPU)"),
     "prefetch_factor": (_int(1), "batches prefetched per worker"),
     "persistent_workers": (_bool, "keep DataLoader workers across epochs"),
-    "model": (_text, "built-in model (gpt-tiny, gpt-small, gpt-base) or module:factory"),
+    "model": (_text, "built-in model (gpt-tiny, gpt-small, gpt-base, gpt-350m, gpt-1.3b) or module:factory"),
     "dataset": (_text, "text (Python's standard-library sources), synthetic, module:factory, or shards: "
                        "s3://bucket/prefix or a directory (a path with '/'; see python -m trainer shards)"),
     "data_cache": (_optional(_text), "cache directory of s3:// shard blocks "
@@ -134,8 +147,19 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "profile_steps": (_int(0), "write a torch.profiler trace of N steps to --profile-dir"),
     "profile_dir": (_text, "directory for profiler traces"),
     "log_every": (_int(1), "progress line every N steps when stderr is not a terminal"),
+    "parallel": (_choice(*PARALLELS), "ddp: a whole replica per GPU; fsdp: parameters, gradients and optimizer "
+                                      "state sharded over the ranks (FSDP2 fully_shard per block)"),
+    "reshard_after_forward": (_bool, "fsdp: free gathered parameters after forward (less memory, one more "
+                                     "all-gather in backward)"),
+    "activation_checkpointing": (_bool, "recompute each block's activations in backward instead of keeping them"),
+    "compile": (_bool, "torch.compile each block (the first step's compile time is logged apart)"),
+    "checkpoint_format": (_choice(*CHECKPOINT_FORMATS), "dcp: every rank writes its shard "
+                                                        "(torch.distributed.checkpoint); full: rank 0 writes whole "
+                                                        "files; auto: dcp under fsdp, full under ddp"),
+    "async_checkpoint": (_bool, "dcp: stage to host memory, then write in the background while training goes on"),
 }
-BOOLEAN_FIELDS = ("pin_memory", "persistent_workers")
+BOOLEAN_FIELDS = ("pin_memory", "persistent_workers", "reshard_after_forward", "activation_checkpointing", "compile",
+                  "async_checkpoint")
 
 
 def _flag(name: str) -> str:
@@ -192,4 +216,9 @@ def parse_args(argv: list[str]) -> TrainConfig:
         value = getattr(args, name)
         if value is not None:
             values[name] = _check(_flag(name), name, value)
-    return TrainConfig(**values)
+    cfg = TrainConfig(**values)
+    if cfg.parallel == "fsdp" and cfg.precision == "fp16":
+        raise UsageError("--precision fp16 with --parallel fsdp is not supported; use bf16 (or fp32)")
+    if cfg.parallel == "fsdp" and cfg.checkpoint_format == "full":
+        raise UsageError("--checkpoint-format full with --parallel fsdp is not supported; use dcp (or auto)")
+    return cfg

@@ -23,6 +23,9 @@ PRESETS = {
     "gpt-tiny": GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=32),
     "gpt-small": GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128),
     "gpt-base": GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384),
+    # for GPUs: the depth and width of GPT-2 medium (~300M parameters with byte tokens) and of GPT-3 XL (~1.2B)
+    "gpt-350m": GPTConfig(block_size=1024, n_layer=24, n_head=16, n_embd=1024),
+    "gpt-1.3b": GPTConfig(block_size=1024, n_layer=24, n_head=16, n_embd=2048),
 }
 
 
@@ -77,6 +80,10 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    def shard_units(self) -> list[nn.Module]:
+        """The modules --parallel fsdp shards (and --compile / --activation-checkpointing wrap) one by one."""
+        return list(self.blocks)
 
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -1,8 +1,9 @@
 """The training loop behind `python -m trainer train`.
 
-Read top to bottom: set up (ranks, model, data, optimizer), resume from the newest valid checkpoint,
-run optimizer steps (autocast, accumulation with DDP no_sync, clipping, warmup + cosine LR), agree
-across ranks once per step whether to stop, and checkpoint periodically, at the end and on a stop.
+Read top to bottom: set up (ranks, model spread over them by DDP or FSDP, data, optimizer), resume from
+the newest valid checkpoint, run optimizer steps (autocast or FSDP mixed precision, accumulation without
+gradient sync, clipping, warmup + cosine LR), agree across ranks once per step whether to stop, and
+checkpoint periodically (in the background for sharded checkpoints), at the end and on a stop.
 Returns the exit status: 0 done, 75 stopped after a checkpoint of the stop step.
 """
 from __future__ import annotations
@@ -17,19 +18,24 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
-from trainer.loop.checkpoint import Checkpointer, from_bytes, to_bytes
+from trainer.errors import UsageError
+from trainer.loop import flops, parallel
+from trainer.loop.checkpoint import FORMAT, Checkpointer, from_bytes, to_bytes
 from trainer.loop.config import TrainConfig
 from trainer.loop.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.notices import start_watchers
 from trainer.loop.stop import StopNotice, agree, install_signal_handlers
 from trainer.loop.storage import open_store
+
+if TYPE_CHECKING:
+    from trainer.loop.sharded import ShardedCheckpoints
 
 log = logging.getLogger("trainer")
 NODE_JSON = "/etc/gpufleet/node.json"
@@ -43,8 +49,9 @@ class Ranks:
     device: torch.device
 
 
-def setup_ranks() -> Ranks:
-    """One process per device; under torchrun, join the process group (NCCL on GPUs, gloo on CPU)."""
+def setup_ranks(sharded: bool = False) -> Ranks:
+    """One process per device; under torchrun (or for FSDP), join the process group (NCCL and gloo on GPUs,
+    gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -53,8 +60,8 @@ def setup_ranks() -> Ranks:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if world > 1 or sharded:
+        parallel.init_process_group(device, world)
     return Ranks(rank, world, local_rank, device)
 
 
@@ -120,28 +127,40 @@ class Trainer:
 
     cfg: TrainConfig
     ranks: Ranks
-    model: torch.nn.Module
+    model: torch.nn.Module  # the model itself (sharded in place under FSDP), not its DDP wrapper
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
     data: DataStream | StreamBatches
     checkpoints: Checkpointer
+    sharded: ShardedCheckpoints | None = None  # DCP checkpoints (trainer.loop.sharded), else whole files
 
-    def save(self, step: int) -> float:
-        """All ranks' RNG states are gathered; rank 0 writes the checkpoint; every rank waits for the commit.
+    def save(self, step: int, background: bool = False) -> float:
+        """Checkpoint step `step`; every rank takes part. All ranks' RNG states are gathered into it.
 
-        Returns the seconds the save held training up.
+        Whole files: rank 0 writes them and every rank waits for the commit. Sharded: every rank writes its
+        shard, in the background if asked (after any save in flight). Returns the seconds training was held up.
         """
         began = time.perf_counter()
         rngs = [from_bytes(b) for b in all_gather_bytes(to_bytes(rng_state(self.ranks.device)), self.ranks)]
+        state = {"step": step, "data": self.data.state(), "rng": rngs, "world": self.ranks.world,
+                 "config": dataclasses.asdict(self.cfg)}
+        optim = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+        if self.sharded is not None:
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            blocked = self.sharded.save(step, {"model": model_state, "optim": optim_state,
+                                               "trainer": to_bytes({**state, **optim})}, background)
+            log.info("checkpoint of step %d %s in %.2fs", step,
+                     "staged, writing in the background" if background else "saved", blocked)
+            return time.perf_counter() - began
         if self.ranks.rank == 0:
             started = time.perf_counter()
             self.checkpoints.save(step, {
                 "model.pt": self.model.state_dict(),
-                "optim.pt": {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                             "scaler": self.scaler.state_dict()},
-                "trainer.pt": {"step": step, "data": self.data.state(), "rng": rngs, "world": self.ranks.world,
-                               "config": dataclasses.asdict(self.cfg)},
+                "optim.pt": {"optimizer": self.optimizer.state_dict(), **optim},
+                "trainer.pt": state,
             })
             log.info("checkpoint of step %d saved in %.2fs", step, time.perf_counter() - started)
         if self.ranks.world > 1:
@@ -150,24 +169,38 @@ class Trainer:
 
     def resume(self) -> tuple[int, dict | None]:
         """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state)."""
-        found = self.checkpoints.load_latest() if self.ranks.rank == 0 else None
-        step = found[0] if found else None
+        found = self.checkpoints.latest() if self.ranks.rank == 0 else None
+        step, fmt = (found[0], found[1]["format"]) if found else (None, None)
         if self.ranks.world > 1:
-            box = torch.tensor([-1 if step is None else step], device=self.ranks.device)
+            box = torch.tensor([-1 if step is None else step, fmt or 0], device=self.ranks.device)
             dist.broadcast(box, src=0)
-            step = None if box.item() < 0 else box.item()
-            if step is not None and self.ranks.rank != 0:
-                found = (step, self.checkpoints.load(step))
+            step, fmt = (None, None) if box[0].item() < 0 else (int(box[0].item()), int(box[1].item()))
         if step is None:
             return 0, None
-        parts = {name: from_bytes(data) for name, data in found[1].items()}
-        self.model.load_state_dict(parts["model.pt"])
-        optim = parts["optim.pt"]
-        self.optimizer.load_state_dict(optim["optimizer"])
+        if fmt == FORMAT:
+            if parallel.is_sharded(self.model):
+                raise UsageError(f"--parallel fsdp: the checkpoint of step {step} at {self.checkpoints.store.uri} "
+                                 "holds whole-state files; resume it with --parallel ddp")
+            parts = found[2] if self.ranks.rank == 0 else self.checkpoints.load(step)
+            parts = {name: from_bytes(data) for name, data in parts.items()}
+            self.model.load_state_dict(parts["model.pt"])
+            optim, state = parts["optim.pt"], parts["trainer.pt"]
+            self.optimizer.load_state_dict(optim["optimizer"])
+        else:
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            from trainer.loop.sharded import ShardedCheckpoints
+
+            sharded = self.sharded or ShardedCheckpoints(self.checkpoints, self.ranks.device, background=False)
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            loaded = {"model": model_state, "optim": optim_state, "trainer": b""}
+            sharded.load(step, loaded)  # resharded to this run's ranks as needed
+            set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
+                           optim_state_dict=loaded["optim"])
+            optim = state = from_bytes(loaded["trainer"])
         self.scheduler.load_state_dict(optim["scheduler"])
         if self.scaler.is_enabled() and optim["scaler"]:
             self.scaler.load_state_dict(optim["scaler"])
-        state = parts["trainer.pt"]
         self.data.load_state(state["data"])
         log.info("resuming from the checkpoint of step %d at %s", step, self.checkpoints.store.uri)
         if state["world"] != self.ranks.world:
@@ -185,7 +218,26 @@ class StepResult:
     lr: float
     data_wait_s: float
     time_s: float
-    checkpoint_s: float | None = None  # set when a checkpoint of this step was saved
+    tokens: int  # on every rank together
+    checkpoint_s: float | None = None  # seconds a checkpoint of this step held training up, when one was saved
+
+
+def build_trainer(cfg: TrainConfig, ranks: Ranks, model: torch.nn.Module, dataset, use_scaler: bool) -> Trainer:
+    """The optimizer, schedule, data stream and checkpoints of a model already spread over the ranks."""
+    optimizer = build_optimizer(model, cfg, ranks.device)
+    checkpoints = Checkpointer(open_store(cfg.checkpoint_uri), cfg.keep_checkpoints)
+    sharded = None
+    if cfg.dcp:
+        from trainer.loop.sharded import ShardedCheckpoints
+
+        sharded = ShardedCheckpoints(checkpoints, ranks.device, background=cfg.async_checkpoint)
+    return Trainer(
+        cfg, ranks, model, optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.steps)),
+        scaler=torch.amp.GradScaler(ranks.device.type, enabled=use_scaler),
+        data=open_stream(dataset, cfg, ranks.rank, ranks.world, ranks.device),
+        checkpoints=checkpoints, sharded=sharded,
+    )
 
 
 def node_settings() -> dict:
@@ -198,7 +250,7 @@ def node_settings() -> dict:
 def train(cfg: TrainConfig, notice: StopNotice | None = None) -> int:
     notice = notice or StopNotice()
     restore_signals = install_signal_handlers(notice)
-    ranks = setup_ranks()
+    ranks = setup_ranks(sharded=cfg.parallel == "fsdp")
     try:
         if ranks.local_rank == 0:
             start_watchers(notice, node_settings())
@@ -216,28 +268,26 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = build_model(cfg).to(device)
+    model = build_model(cfg)
     dataset = build_dataset(cfg, model)
     amp_dtype, use_scaler = precision_plan(
         cfg.precision, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
     if cfg.precision == "bf16" and amp_dtype != torch.bfloat16:
+        if cfg.parallel == "fsdp":
+            raise UsageError("--precision bf16: this GPU has no bf16, and --parallel fsdp does not do fp16; "
+                             "use --precision fp32 or --parallel ddp")
         log.warning("bf16 is not supported on this GPU; using fp16 with a GradScaler")
-    optimizer = build_optimizer(model, cfg, device)
-    trainer = Trainer(
-        cfg, ranks, model, optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.steps)),
-        scaler=torch.amp.GradScaler(device.type, enabled=use_scaler),
-        data=open_stream(dataset, cfg, ranks.rank, ranks.world, device),
-        checkpoints=Checkpointer(open_store(cfg.checkpoint_uri), cfg.keep_checkpoints),
-    )
+    if cfg.parallel == "fsdp":
+        amp_dtype = None  # FSDP's MixedPrecisionPolicy casts parameters and compute instead
+    flops_per_token = flops.flops_per_token(model, getattr(model, "block_size", 0) or 0)
+    peak = flops.peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    net = parallel.parallelize(model, cfg, device, ranks.world)  # what forward calls; model is sharded in place
+    trainer = build_trainer(cfg, ranks, model, dataset, use_scaler)
+    optimizer = trainer.optimizer
     start, rng = trainer.resume()
     if start >= cfg.steps:
         log.info("the checkpoint at %s is already at step %d of %d", cfg.checkpoint_uri, start, cfg.steps)
         return EXIT_OK
-    net = model
-    if ranks.world > 1:
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if rng is not None:
         set_rng_state(rng, device)
     else:
@@ -255,13 +305,23 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
         """Read a step's all-reduced [loss sum, stop votes]; rank 0 records it. True if any rank must stop."""
         loss_sum, stop_votes = result.stats.tolist()
         if primary:
+            per_gpu = result.tokens / ranks.world / result.time_s
             record = {
                 "step": result.step, "loss": loss_sum / ranks.world, "lr": result.lr,
                 "step_time_s": result.time_s, "samples_per_s": global_batch / result.time_s,
+                "tokens_per_s": result.tokens / result.time_s, "tokens_per_s_per_gpu": per_gpu,
                 "data_wait_frac": result.data_wait_s / result.time_s, "time": time.time(),
             }
+            utilisation = flops.mfu(per_gpu, flops_per_token, peak)
+            if utilisation is not None:
+                record["mfu"] = utilisation
+            if device.type == "cuda":
+                record["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             if result.checkpoint_s is not None:
                 record["checkpoint_s"] = result.checkpoint_s
+            if cfg.compile and result.step == start + 1:
+                record["compile_s"] = result.time_s
+                log.info("first step (with compile) took %.1fs", result.time_s)
             metrics.write(record)
             progress.update(record)
         return stop_votes > 0
@@ -275,20 +335,21 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             lr = trainer.scheduler.get_last_lr()[0]
             losses = []
             data_wait = 0.0
+            tokens = 0
             for micro in range(k):
                 waited = time.perf_counter()
                 batch = [t.to(device, non_blocking=True) for t in trainer.data.next()]
                 data_wait += time.perf_counter() - waited
-                # Only the last micro-batch all-reduces gradients.
-                sync = net.no_sync() if net is not model and micro < k - 1 else contextlib.nullcontext()
-                with sync:
+                tokens += token_count(batch[0]) * ranks.world
+                # Only the last micro-batch reduces gradients across ranks.
+                with parallel.gradient_sync(net, sync=micro == k - 1):
                     with autocast:
                         loss = net(*batch)
                     trainer.scaler.scale(loss / k if k > 1 else loss).backward()
                 losses.append(loss.detach())
             if cfg.clip_grad:
                 trainer.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                parallel.clip_grad_norm(model, cfg.clip_grad)
             trainer.scaler.step(optimizer)
             trainer.scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -298,26 +359,36 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             if profiler:
                 profiler.step()
             now = time.perf_counter()
-            result, last_time = StepResult(step, stats, lr, data_wait, now - last_time), now
+            result, last_time = StepResult(step, stats, lr, data_wait, now - last_time, tokens), now
             if pending is not None:
                 stop = publish(pending)
             pending = result
             if stop:
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                pending.checkpoint_s = trainer.save(step)
+                pending.checkpoint_s = trainer.save(step, background=cfg.dcp and cfg.async_checkpoint)
         stop = stop or pending.stats[1].item() > 0  # the last step's votes; its record waits for the final save
         if stop and done < cfg.steps:
             log.warning("stop requested (%s): saving a checkpoint of step %d", notice.reason or "by another rank", done)
+        # in the foreground: a save in flight is waited for first, and the run ends only once this one commits
         pending.checkpoint_s = trainer.save(done)
         publish(pending)
     finally:
+        if trainer.sharded is not None:
+            trainer.sharded.close()
         if profiler:
             profiler.stop()
         if progress:
             progress.close()
         metrics.close()
     return EXIT_PREEMPTED if stop and done < cfg.steps else EXIT_OK
+
+
+def token_count(inputs: torch.Tensor) -> int:
+    """Tokens in a micro-batch: every element of integer (token id) inputs, else one per sample."""
+    if inputs.dtype.is_floating_point or inputs.dim() == 0:
+        return int(inputs.shape[0]) if inputs.dim() else 1
+    return inputs.numel()
 
 
 def start_profiler(cfg: TrainConfig, ranks: Ranks):
