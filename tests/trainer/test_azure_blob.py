@@ -108,3 +108,31 @@ def test_az_uri_without_an_account_says_which_variable(monkeypatch):
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT", raising=False)
     with pytest.raises(UsageError, match="AZURE_STORAGE_ACCOUNT"):
         open_store("az://checkpoints/x")
+
+
+def test_sharded_checkpoints_resume_exactly_from_blob(env, tmp_path, monkeypatch):
+    """DCP shards through the trainer's writer over the Blob store: stop, resume, the same losses bitwise."""
+    import json
+
+    import tests.trainer.trainer_hooks as hooks
+    from trainer import EXIT_OK, EXIT_PREEMPTED
+    from trainer.__main__ import main
+    from trainer.loop.checkpoint import SHARDED_FORMAT, Checkpointer
+
+    uri = f"az://checkpoints/{_job()}"
+    args = ["--model", "gpt-tiny", "--steps", "6", "--batch-size", "2", "--dropout", "0.1", "--parallel", "fsdp",
+            "--checkpoint-every", "2", "--dataset", "tests.trainer.trainer_hooks:signalling_text"]
+    whole = tmp_path / "whole.jsonl"
+    assert main(["train", *args, "--checkpoint-uri", str(tmp_path / "local"), "--metrics-file", str(whole)]) == EXIT_OK
+    metrics = tmp_path / "m.jsonl"
+    monkeypatch.setattr(hooks, "SIGTERM_AT_FETCH", 7)  # in step 4; agreed after step 5
+    assert main(["train", *args, "--checkpoint-uri", uri, "--metrics-file", str(metrics)]) == EXIT_PREEMPTED
+    checkpoints = Checkpointer(open_store(uri), 3)
+    assert checkpoints.steps() == [5, 4, 2] and checkpoints.manifest(5)["format"] == SHARDED_FORMAT
+    assert "step-000000005/__0_0.distcp" in checkpoints.store.list("step-000000005/")
+    assert main(["train", *args, "--checkpoint-uri", uri, "--metrics-file", str(metrics)]) == EXIT_OK
+
+    def losses(path):
+        return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+    assert losses(metrics) == losses(whole)

@@ -62,6 +62,26 @@ def test_fsdp_on_one_process_accumulates_like_one_big_batch(tmp_path):
     manifest = Checkpointer(LocalStore(tmp_path / "big"), 3).manifest(4)
     assert manifest["format"] == SHARDED_FORMAT and manifest["world"] == 1
     assert set(manifest["parts"]) == {".metadata", "__0_0.distcp"}
+    for r in records(tmp_path / "big.jsonl"):  # tokens counted from the batches: 8 samples of 32 tokens
+        assert r["tokens_per_s"] * r["step_time_s"] == pytest.approx(8 * 32)
+        assert r["tokens_per_s_per_gpu"] == r["tokens_per_s"]
+        assert "mfu" not in r and "peak_mem_gib" not in r  # no peak to compare with, no GPU memory on CPU
+
+
+def test_activation_checkpointing_recomputes_without_changing_the_training(tmp_path):
+    plain = train_in_process(tmp_path, "plain", "--parallel", "fsdp", "--batch-size", "4")
+    recomputed = train_in_process(tmp_path, "ac", "--parallel", "fsdp", "--batch-size", "4",
+                                  "--activation-checkpointing", "--no-reshard-after-forward")
+    assert recomputed == pytest.approx(plain, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compile_per_block_trains_the_same_and_logs_the_first_step_apart(tmp_path):
+    eager = train_in_process(tmp_path, "eager", "--parallel", "fsdp", "--batch-size", "4")
+    compiled = train_in_process(tmp_path, "compiled", "--parallel", "fsdp", "--batch-size", "4", "--compile")
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    first = records(tmp_path / "compiled.jsonl")[0]
+    assert first["step"] == 1 and first["compile_s"] == first["step_time_s"]
 
 
 @pytest.mark.slow

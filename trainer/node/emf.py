@@ -4,8 +4,8 @@ The CloudWatch agent ships the lines to the log group ``/gpufleet/<stack>``, whe
 extracts the metrics into the namespace ``gpufleet/<stack>`` (the one the node's IAM policy allows).
 Names, units and dimensions come from :mod:`trainer.node.metric_names`, which the stack's dashboard and
 alarms read too. The agent samples GPU utilisation once a minute for as long as it runs, busy or idle,
-summarises the train run's ``--metrics-file`` once a minute (throughput, step time, data-wait share,
-checkpoint seconds) and records events: preemptions, steps lost.
+summarises the train run's ``--metrics-file`` once a minute (throughput, step time, data-wait share, tokens/s
+on all GPUs and per GPU, MFU, peak GPU memory, checkpoint seconds) and records events: preemptions, steps lost.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def record(namespace: str, dimensions: dict[str, str], metrics: dict[str, float]
 
 
 def summarize(records: list[dict]) -> dict[str, float]:
-    """Means over one interval of train's metrics-file lines: step records, and any with ``checkpoint_s``."""
+    """Means over one interval of train's metrics-file lines: step records, and any with ``checkpoint_s`` (the
+    seconds a save held training up: its blocking time). Peak memory and checkpoint seconds are maxima."""
     out = {}
     steps = [r for r in records if "samples_per_s" in r]
     if steps:
@@ -53,6 +54,14 @@ def summarize(records: list[dict]) -> dict[str, float]:
             names.DATA_WAIT_SHARE: 100.0 * mean("data_wait_frac"),
             names.STEPS: float(len(steps)),
         }
+        optional = {"tokens_per_s": (names.TOKENS_PER_S, 1.0),
+                    "tokens_per_s_per_gpu": (names.TOKENS_PER_S_PER_GPU, 1.0), "mfu": (names.MFU, 100.0)}
+        for key, (name, scale) in optional.items():
+            if all(key in s for s in steps):
+                out[name] = scale * mean(key)
+        peaks = [float(s["peak_mem_gib"]) for s in steps if "peak_mem_gib" in s]
+        if peaks:
+            out[names.PEAK_GPU_MEMORY] = max(peaks) * 1024
     saves = [float(r["checkpoint_s"]) for r in records if "checkpoint_s" in r]
     if saves:
         out[names.CHECKPOINT_SECONDS] = max(saves)

@@ -21,9 +21,14 @@ STEPS = "Steps"
 CHECKPOINT_SECONDS = "CheckpointSeconds"
 PREEMPTIONS = "Preemptions"
 STEPS_LOST = "StepsLost"
+TOKENS_PER_S = "TokensPerSecond"
+TOKENS_PER_S_PER_GPU = "TokensPerSecondPerGPU"
+MFU = "MFU"
+PEAK_GPU_MEMORY = "PeakGPUMemory"
 UNITS = {
     GPU_UTILIZATION: "Percent", THROUGHPUT: "Count/Second", STEP_TIME: "Seconds", DATA_WAIT_SHARE: "Percent",
     STEPS: "Count", CHECKPOINT_SECONDS: "Seconds", PREEMPTIONS: "Count", STEPS_LOST: "Count",
+    TOKENS_PER_S: "Count/Second", TOKENS_PER_S_PER_GPU: "Count/Second", MFU: "Percent", PEAK_GPU_MEMORY: "Megabytes",
 }
 
 
