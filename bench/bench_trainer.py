@@ -1,11 +1,21 @@
-"""Trainer benchmarks, each a ratio measured within one run.
+"""Trainer benchmarks, each a ratio measured within one run, interleaved: A, B, A, B, ... over several rounds,
+each round's ratio taken against the A runs either side of its B (their mean), so slow drifts in machine
+load cancel. Each figure is the median of its rounds' ratios; `<name>_spread` is their max - min, so that
+a change of a few percent can be told from noise.
 
 - trainer_overhead_ratio: time of a whole `train` run (metrics file, progress lines, checkpoints at the
   default interval and at the end) over a bare PyTorch loop with the same model, data, batch,
-  precision, optimizer, clipping and LR schedule, for the same number of steps; the median ratio of
-  REPEATS back-to-back pairs (alternating which goes first), so slow drifts in machine load cancel.
-  On CPU both run on one thread and are timed in process CPU time, which other tenants of a shared
-  machine disturb far less than wall time; on a GPU, wall time.
+  precision, optimizer, clipping and LR schedule, for the same number of steps. On CPU both run on one
+  thread and are timed in process CPU time, which other tenants of a shared machine disturb far less
+  than wall time; on a GPU, wall time.
+- checkpoint_blocking_ratio: seconds an asynchronous sharded (DCP) save holds training up (staging to host
+  memory) over the seconds of a synchronous save of the same state (gpt-base-sized weights and AdamW
+  moments, >= 200 MB) to local disk; target <= 0.1.
+- fsdp_step_ratio: median step time of FSDP over DDP, gpt-small, 2 CPU ranks under torchrun (gloo);
+  information only (on CPU FSDP's extra all-gathers are not hidden by compute as on GPUs).
+- checkpoint_dcp_s3_crt_speedup (information, the choice of the S3 DCP layer): seconds of a sharded save
+  and load through the trainer's DCP writer over boto3 (its S3Store) over the same through
+  s3torchconnector's S3StorageWriter / S3StorageReader (the AWS CRT), against moto on loopback.
 - checkpoint_s3_save_ratio / checkpoint_s3_load_ratio: throughput of a checkpoint save (serialize,
   checksum, upload parts, commit manifest, prune) and of a load (list, read manifest, download, verify,
   deserialize) against a moto server on loopback, over raw boto3 upload_fileobj / download_fileobj of
@@ -43,6 +53,8 @@ STEPS = 520  # past the default checkpoint interval (500), so one periodic and t
 MODEL, BATCH = "gpt-tiny", 64
 REPEATS = 5
 S3_REPEATS = 5
+BLOCKING_REPEATS = 3
+FSDP_REPEATS = 2
 
 
 def clock() -> float:
@@ -83,19 +95,102 @@ def trainer_run(steps: int, workdir: Path) -> float:
     return clock() - started
 
 
-def overhead() -> float:
+def interleaved(first, second, rounds: int) -> list[float]:
+    """first(), second(), first(), second(), ..., first(): each round's second over the mean of the firsts
+    either side of it."""
+    a = [first()]
+    ratios = []
+    for _ in range(rounds):
+        b = second()
+        a.append(first())
+        ratios.append(b / ((a[-2] + a[-1]) / 2))
+    return ratios
+
+
+def figure(name: str, ratios: list[float], target: str) -> dict[str, dict]:
+    return {name: {"value": statistics.median(ratios), "unit": "ratio", "target": target},
+            f"{name}_spread": {"value": max(ratios) - min(ratios), "unit": "ratio", "target": "info"}}
+
+
+def overhead() -> list[float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        bare, ours = [], []
-        for i in range(REPEATS):
-            with tempfile.TemporaryDirectory() as tmp:
-                runs = [lambda: bare.append(bare_loop(STEPS)), lambda: ours.append(trainer_run(STEPS, Path(tmp)))]
-                for measure in runs[:: 1 if i % 2 == 0 else -1]:  # alternate which goes first
-                    measure()
-        return statistics.median(o / b for o, b in zip(ours, bare))
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = iter(range(1000))
+
+            def ours() -> float:
+                workdir = Path(tmp) / str(next(runs))
+                workdir.mkdir()
+                return trainer_run(STEPS, workdir)
+
+            return interleaved(lambda: bare_loop(STEPS), ours, REPEATS)
     finally:
         torch.set_num_threads(threads)
+
+
+def blocking_state() -> dict:
+    """Weights and AdamW moments after one step of a 19M-parameter GPT: about 230 MB."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainer.loop.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, n_layer=6, n_head=8, n_embd=512))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randint(0, 256, (2, 16))
+    model(x, x).backward()
+    optimizer.step()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def checkpoint_blocking() -> tuple[list[float], float]:
+    """(ratios, bytes of state): async blocking seconds over sync save seconds, interleaved."""
+    from trainer.loop.sharded import ShardedCheckpoints
+
+    state = blocking_state()
+    size = sum(t.numel() * t.element_size() for part in (state["model"], state["optim"]["state"])
+               for t in (part.values() if part is state["model"] else
+                         (v for s in part.values() for v in s.values())) if isinstance(t, torch.Tensor))
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoints = Checkpointer(open_store(tmp), keep=2)
+        sync = ShardedCheckpoints(checkpoints, torch.device("cpu"), background=False)
+        background = ShardedCheckpoints(checkpoints, torch.device("cpu"), background=True)
+        steps = iter(range(1, 1000))
+        try:
+            def synchronous() -> float:
+                return sync.save(next(steps), state)
+
+            def asynchronous() -> float:
+                blocked = background.save(next(steps), state)
+                background.wait()  # not counted: the write goes on while training would
+                return blocked
+
+            return interleaved(synchronous, asynchronous, BLOCKING_REPEATS), size
+        finally:
+            background.close()
+            sync.close()
+
+
+def median_step_time(parallel: str, workdir: Path) -> float:
+    metrics = workdir / f"{parallel}.jsonl"
+    metrics.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer",
+           "train", "--model", "gpt-small", "--steps", "30", "--batch-size", "8", "--parallel", parallel,
+           "--checkpoint-every", "0", "--checkpoint-uri", str(workdir / parallel), "--metrics-file", str(metrics)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    import json
+
+    times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][5:]
+    return statistics.median(times)
+
+
+def fsdp_step() -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return interleaved(lambda: median_step_time("ddp", Path(tmp)), lambda: median_step_time("fsdp", Path(tmp)),
+                           FSDP_REPEATS)
 
 
 @contextlib.contextmanager
@@ -178,13 +273,59 @@ def s3_ratios() -> tuple[float, float]:
                 os.environ[key] = value
 
 
+def s3_dcp_candidates() -> list[float]:
+    """Per round: (boto3 DCP writer save + load seconds) / (s3torchconnector save + load seconds)."""
+    import boto3
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.loop.sharded import StoreReader, StoreWriter
+
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1"}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
+    state = checkpoint_state()
+    try:
+        with moto_server() as url:
+            os.environ.update(env, AWS_ENDPOINT_URL=url)
+            boto3.client("s3").create_bucket(Bucket="bench",
+                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            store = open_store("s3://bench/dcp")
+            rounds = iter(range(1000))
+
+            def through(writer, reader) -> float:
+                started = time.perf_counter()
+                dcp.save(state, storage_writer=writer, no_dist=True)
+                dcp.load(state, storage_reader=reader, no_dist=True)
+                return time.perf_counter() - started
+
+            def crt() -> float:
+                key = f"crt-{next(rounds)}"
+                return through(store.dcp_writer(key), store.dcp_reader(key))
+
+            def boto() -> float:
+                key = f"boto-{next(rounds)}"
+                return through(StoreWriter(store, key), StoreReader(store, key))
+
+            return interleaved(crt, boto, S3_REPEATS)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run() -> dict[str, dict]:
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")  # no metadata service to poll here
     save, load = s3_ratios()
+    blocking, size = checkpoint_blocking()
+    assert size >= 200e6, size
     return {
-        "trainer_overhead_ratio": {"value": overhead(), "unit": "ratio", "target": "<= 1.03"},
+        **figure("trainer_overhead_ratio", overhead(), "<= 1.03"),
         "checkpoint_s3_save_ratio": {"value": save, "unit": "ratio", "target": ">= 0.9"},
         "checkpoint_s3_load_ratio": {"value": load, "unit": "ratio", "target": ">= 0.9"},
+        **figure("checkpoint_blocking_ratio", blocking, "<= 0.1"),
+        **figure("fsdp_step_ratio", fsdp_step(), "info"),
+        **figure("checkpoint_dcp_s3_crt_speedup", s3_dcp_candidates(), "info"),
     }
 
 
