@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_gpu_script_dry_run_on_cpu_writes_every_figure(tmp_path):
     out = tmp_path / "results-gpu.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
-           "PYTHON": str(Path(os.sys.executable))}
+           "PYTHON": sys.executable}
     proc = subprocess.run(["bash", "bench/gpu.sh", "--device", "cpu", "--steps", "7", "--out", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
