@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -176,13 +178,12 @@ def checkpoint_blocking() -> tuple[list[float], float]:
 def median_step_time(parallel: str, workdir: Path) -> float:
     metrics = workdir / f"{parallel}.jsonl"
     metrics.unlink(missing_ok=True)
+    shutil.rmtree(workdir / parallel, ignore_errors=True)  # a fresh run each round, not a resumed one
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer",
            "train", "--model", "gpt-small", "--steps", "30", "--batch-size", "8", "--parallel", parallel,
            "--checkpoint-every", "0", "--checkpoint-uri", str(workdir / parallel), "--metrics-file", str(metrics)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-    import json
-
     times = [json.loads(line)["step_time_s"] for line in metrics.read_text().splitlines()][5:]
     return statistics.median(times)
 

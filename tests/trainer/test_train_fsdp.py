@@ -266,3 +266,41 @@ def test_a_checkpoint_missing_a_shard_is_never_loaded(tmp_path, caplog):
     step, manifest, _ = checkpoints.latest()
     assert step == 2 and manifest["format"] == SHARDED_FORMAT
     assert "missing shard(s) __0_0.distcp" in caplog.text
+
+
+def test_units_are_the_models_own_else_its_module_lists_else_none():
+    from trainer.errors import UsageError
+    from trainer.loop.parallel import shard_units
+
+    gpt = build_gpt("gpt-tiny")
+    assert shard_units(gpt) == list(gpt.blocks)
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
+            self.head = torch.nn.Linear(2, 1)
+
+    stack = Stack()
+    assert shard_units(stack) == list(stack.layers)
+    stack.shard_units = [stack.head]
+    assert shard_units(stack) == [stack.head]
+    stack.shard_units = ["head"]
+    with pytest.raises(UsageError):
+        shard_units(stack)
+    assert shard_units(torch.nn.Linear(2, 2)) == []
+
+
+def test_a_user_model_without_units_trains_under_fsdp_sharded_at_the_root(tmp_path):
+    def run(name: str, *flags: str) -> list[dict]:
+        metrics = tmp_path / f"{name}.jsonl"
+        assert main(["train", "--model", "tests.trainer.trainer_hooks:regression_model", "--dataset",
+                     "tests.trainer.trainer_hooks:regression_data", "--steps", "30", "--batch-size", "32", "--lr",
+                     "0.2", "--warmup-steps", "0", "--clip-grad", "0", "--checkpoint-uri", str(tmp_path / name),
+                     "--metrics-file", str(metrics), *flags]) == EXIT_OK
+        return records(metrics)
+
+    sharded, plain = run("fsdp", "--parallel", "fsdp"), run("plain")
+    assert [r["loss"] for r in sharded] == pytest.approx([r["loss"] for r in plain], rel=1e-5)
+    assert sharded[-1]["loss"] < 0.2 * sharded[0]["loss"]
+    assert sharded[0]["tokens_per_s"] * sharded[0]["step_time_s"] == pytest.approx(32)  # float inputs: samples
