@@ -2,8 +2,16 @@
 
 Hardware facts for AWS rows match EC2 DescribeInstanceTypes (``python -m infra.catalog refresh``
 re-reads them from any EC2 endpoint, moto server included, and reports differences). Prices are
-on-demand hourly list prices in one reference region per cloud, with the date they were read;
-``SPOT_FACTOR`` is the planning ratio of spot to on-demand used by the cost estimate.
+on-demand hourly list prices in one reference region per cloud, in that cloud's currency
+(``CURRENCY``: Tencent Cloud lists CNY), with the date they were read; ``SPOT_FACTOR`` is the
+planning ratio of spot to on-demand used by the cost estimate.
+
+Tencent rows: GN10Xp (V100 SXM2 32 GB, NVLink without NVSwitch), GN7 (T4, inference class) and GT4
+(A100 SXM4 40 GB; the 8-GPU size has NVSwitch), private network bandwidth from the CVM instance-type
+tables. Their pay-as-you-go prices (ap-guangzhou, CNY) were entered by hand and could not be checked
+against the price list where this catalog was last edited: compare them with Tencent's CVM pricing page
+before relying on them, as for every price here. None of these families has an RDMA fabric (the HCC
+RDMA types need an HPC cluster, which Auto Scaling cannot place nodes in).
 """
 from __future__ import annotations
 
@@ -11,28 +19,32 @@ import dataclasses
 from dataclasses import dataclass
 
 PRICE_DATE = "2025-07-01"
-PRICE_REGION = {"aws": "us-east-1", "azure": "eastus"}
-# Planning ratio spot/on-demand per GPU family: a long-run average, not a quote.
+PRICE_REGION = {"aws": "us-east-1", "azure": "eastus", "tencent": "ap-guangzhou"}
+CURRENCY = {"aws": "USD", "azure": "USD", "tencent": "CNY"}
+# Planning ratio spot/on-demand per GPU family: a long-run average, not a quote. Tencent bills spot
+# instances at 3-20 % of pay-as-you-go for CPU and memory only; GPU capacity is scarcer, hence higher.
 SPOT_FACTOR = {"g5": 0.40, "g6": 0.40, "g6e": 0.45, "p4d": 0.55, "p4de": 0.55, "p5": 0.60,
-               "p5e": 0.60, "p5en": 0.60, "ndv4": 0.45, "ndv5": 0.55}
+               "p5e": 0.60, "p5en": 0.60, "ndv4": 0.45, "ndv5": 0.55,
+               "gn10xp": 0.35, "gn7": 0.30, "gt4": 0.45}
 
 
 @dataclass(frozen=True)
 class InstanceType:
     name: str
-    cloud: str                 # "aws" | "azure"
+    cloud: str                 # "aws" | "azure" | "tencent"
     family: str                # key into SPOT_FACTOR
     gpus: int
     gpu_model: str
     gpu_memory_gib: int        # per GPU
     vcpus: int
     memory_gib: int
-    network_cards: int         # AWS network cards (1 on Azure)
+    network_cards: int         # AWS network cards (1 elsewhere)
     max_efa: int               # AWS EFA interfaces (0: no EFA)
     infiniband_gbps: int       # Azure InfiniBand bandwidth per node (0: none)
     nvswitch: bool             # NVSwitch: needs nvidia-fabricmanager
     local_nvme_gb: int
-    price_usd_hour: float      # on-demand, PRICE_REGION[cloud], PRICE_DATE
+    price_hour: float          # on-demand, in CURRENCY[cloud], PRICE_REGION[cloud], PRICE_DATE
+    network_gbps: float = 0.0  # private network bandwidth per node (Tencent rows; 0: not recorded)
 
     @property
     def efa(self) -> bool:
@@ -44,8 +56,12 @@ class InstanceType:
         return self.max_efa > 0 or self.infiniband_gbps > 0
 
     @property
-    def spot_price_usd_hour(self) -> float:
-        return round(self.price_usd_hour * SPOT_FACTOR[self.family], 4)
+    def currency(self) -> str:
+        return CURRENCY[self.cloud]
+
+    @property
+    def spot_price_hour(self) -> float:
+        return round(self.price_hour * SPOT_FACTOR[self.family], 4)
 
 
 def _aws(name, family, gpus, model, gmem, vcpus, mem, cards, efa, nvswitch, nvme, price):
@@ -56,6 +72,10 @@ def _aws(name, family, gpus, model, gmem, vcpus, mem, cards, efa, nvswitch, nvme
 def _azure(name, family, gpus, model, gmem, vcpus, mem, ib, nvswitch, nvme, price):
     return InstanceType(name, "azure", family, gpus, model, gmem, vcpus, mem, 1, 0, ib,
                         nvswitch, nvme, price)
+
+
+def _tencent(name, family, gpus, model, gmem, vcpus, mem, gbps, nvswitch, price):
+    return InstanceType(name, "tencent", family, gpus, model, gmem, vcpus, mem, 1, 0, 0, nvswitch, 0, price, gbps)
 
 
 _ROWS = [
@@ -88,6 +108,17 @@ _ROWS = [
     _azure("Standard_ND96asr_v4",         "ndv4", 8, "A100", 40, 96,  900, 1600, True,  6000, 27.197),
     _azure("Standard_ND96amsr_A100_v4",   "ndv4", 8, "A100", 80, 96, 1900, 1600, True,  6400, 32.770),
     _azure("Standard_ND96isr_H100_v5",    "ndv5", 8, "H100", 80, 96, 1900, 3200, True, 28000, 98.32),
+    #        name                   family   gpus model GiB vcpu mem  Gb/s nvsw   CNY/h
+    _tencent("GN10Xp.2XLARGE40",    "gn10xp", 1, "V100", 32, 10,  40,  3, False,  20.35),
+    _tencent("GN10Xp.5XLARGE80",    "gn10xp", 2, "V100", 32, 20,  80,  6, False,  40.70),
+    _tencent("GN10Xp.10XLARGE160",  "gn10xp", 4, "V100", 32, 40, 160, 12, False,  81.40),
+    _tencent("GN10Xp.20XLARGE320",  "gn10xp", 8, "V100", 32, 80, 320, 25, False, 162.80),
+    _tencent("GN7.2XLARGE32",       "gn7",    1, "T4",   16,  8,  32,  3, False,   6.85),
+    _tencent("GN7.10XLARGE160",     "gn7",    2, "T4",   16, 40, 160, 13, False,  19.60),
+    _tencent("GN7.20XLARGE320",     "gn7",    4, "T4",   16, 80, 320, 25, False,  39.20),
+    _tencent("GT4.4XLARGE96",       "gt4",    1, "A100", 40, 16,  96,  5, False,  27.80),
+    _tencent("GT4.20XLARGE474",     "gt4",    4, "A100", 40, 82, 474, 25, False, 111.20),
+    _tencent("GT4.41XLARGE948",     "gt4",    8, "A100", 40, 164, 948, 50, True, 222.40),
 ]
 
 CATALOG: dict[str, InstanceType] = {row.name: row for row in _ROWS}
@@ -158,8 +189,8 @@ def run(args) -> int:
 
     if args.catalog_command == "list":
         for t in CATALOG.values():
-            print(f"{t.name:28} {t.cloud:5} {t.gpus}x {t.gpu_model:5} {t.gpu_memory_gib:>3} GiB  "
-                  f"efa={t.max_efa:<2} ib={t.infiniband_gbps:<4} ${t.price_usd_hour}/h")
+            print(f"{t.name:28} {t.cloud:7} {t.gpus}x {t.gpu_model:5} {t.gpu_memory_gib:>3} GiB  "
+                  f"efa={t.max_efa:<2} ib={t.infiniband_gbps:<4} {t.price_hour} {t.currency}/h")
         return 0
     import boto3
 

@@ -19,9 +19,11 @@ from infra import catalog
 
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
-        "tags", "budgetMonthlyUsd", "image", "network", "onDemandBase", "alertEmails", "alerts", "sshPublicKey",
-        "pullThrough")
-REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location"}
+        "tags", "budgetMonthlyUsd", "budgetMonthlyCny", "image", "network", "onDemandBase", "alertEmails", "alerts",
+        "sshPublicKey", "pullThrough")
+REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location", "tencent": "tencentcloud:region"}
+# The budget key of each cloud: its amount is in the currency of the cloud's catalog prices.
+BUDGET_KEY = {"USD": "budgetMonthlyUsd", "CNY": "budgetMonthlyCny"}
 
 EU_REGIONS = {
     "aws": ("eu-central-1", "eu-west-1", "eu-west-3", "eu-north-1", "eu-south-1", "eu-south-2"),
@@ -30,6 +32,19 @@ EU_REGIONS = {
               "spaincentral"),
 }
 CLASSIFICATION_TAG = "data-classification"
+# PIPL: personal information stays in mainland China by default (Hong Kong, Macao and abroad are
+# cross-border transfers). Tencent Cloud's mainland regions, financial-zone regions included.
+MAINLAND_CHINA_REGIONS = ("ap-beijing", "ap-shanghai", "ap-guangzhou", "ap-chengdu", "ap-chongqing",
+                          "ap-nanjing", "ap-shenzhen-fsi", "ap-shanghai-fsi", "ap-beijing-fsi")
+# Tencent Cloud regions the stack deploys to, with the short code TDMQ CMQ's private endpoint
+# (http://<code>.mqadapter.cmq.tencentyun.com) uses for each.
+TENCENT_REGIONS = {
+    "ap-guangzhou": "gz", "ap-shanghai": "sh", "ap-beijing": "bj", "ap-chengdu": "cd", "ap-chongqing": "cq",
+    "ap-nanjing": "nj", "ap-shenzhen-fsi": "szjr", "ap-shanghai-fsi": "shjr", "ap-beijing-fsi": "bjjr",
+    "ap-hongkong": "hk", "ap-singapore": "sg", "ap-tokyo": "jp", "ap-seoul": "kr", "ap-bangkok": "th",
+    "ap-jakarta": "jkt", "na-siliconvalley": "usw", "na-ashburn": "use", "eu-frankfurt": "de",
+    "sa-saopaulo": "sao",
+}
 # A Uniform scale set in a single placement group (one InfiniBand domain) holds at most 100 VMs.
 AZURE_SCALE_SET_MAX = 100
 _SECRET = "[secret]"
@@ -67,6 +82,11 @@ class AwsImage(_Frozen):
     id: Optional[str] = Field(default=None, pattern=r"^ami-[0-9a-f]{8,17}$")
     name: Optional[str] = Field(default=None, min_length=1, max_length=128)
     owners: tuple[str, ...] = ("self",)
+
+
+class TencentImage(_Frozen):
+    id: Optional[str] = Field(default=None, pattern=r"^img-[0-9a-z]{8}$")
+    name: Optional[str] = Field(default=None, min_length=1, max_length=128)  # a regular expression
 
 
 class Network(_Frozen):
@@ -167,7 +187,7 @@ class Alert(_Frozen):
 
 class StackConfig(_Frozen):
     stack: str
-    cloud: Literal["aws", "azure"]
+    cloud: Literal["aws", "azure", "tencent"]
     region: str
     mode: Literal["queue", "gang"]
     instance_types: tuple[str, ...] = Field(alias="instanceTypes", min_length=1)
@@ -176,7 +196,8 @@ class StackConfig(_Frozen):
     data_classification: Literal["public", "internal", "personal", "phi"] = Field(alias="dataClassification")
     allowed_regions: tuple[str, ...] = Field(default=(), alias="allowedRegions")
     tags: dict[str, str] = Field(default_factory=dict)
-    budget_monthly_usd: float = Field(alias="budgetMonthlyUsd", gt=0)
+    budget_monthly_usd: Optional[float] = Field(default=None, alias="budgetMonthlyUsd", gt=0)
+    budget_monthly_cny: Optional[float] = Field(default=None, alias="budgetMonthlyCny", gt=0)
     image: Any = None
     network: Optional[Network] = None
     on_demand_base: StrictInt = Field(default=0, ge=0, alias="onDemandBase")
@@ -201,7 +222,7 @@ class StackConfig(_Frozen):
             raise ConfigError("gpufleet:instanceTypes", list(self.instance_types), "each type at most once")
         primary = self.primary
         if self.mode == "gang":
-            if n.max > 1 and not primary.rdma:
+            if n.max > 1 and not primary.rdma and self.cloud != "tencent":  # Tencent: NCCL over TCP
                 fabric = "EFA" if self.cloud == "aws" else "InfiniBand"
                 raise ConfigError("gpufleet:instanceTypes", primary.name,
                                   f"gang mode with more than one node needs an {fabric} type")
@@ -212,6 +233,10 @@ class StackConfig(_Frozen):
                 raise ConfigError("gpufleet:nodes", n.model_dump(), "gang mode holds a fixed size: min == desired == max")
         if self.on_demand_base > n.max:
             raise ConfigError("gpufleet:onDemandBase", self.on_demand_base, f"at most nodes.max ({n.max})")
+        self._check_budget()
+        if self.cloud == "tencent" and self.data_classification == "phi":
+            raise ConfigError("gpufleet:dataClassification", "phi", "public, internal or personal on tencent "
+                              "(phi is this project's HIPAA class, which the tencent stack does not offer)")
         regions = self.effective_allowed_regions
         if regions and self.region not in regions:
             raise ConfigError(REGION_KEY[self.cloud], self.region,
@@ -241,14 +266,29 @@ class StackConfig(_Frozen):
             if len(self.instance_types) > 1:
                 raise ConfigError("gpufleet:instanceTypes", list(self.instance_types),
                                   "one size on azure (a Uniform scale set runs a single VM size)")
-            if self.network is not None:
-                raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
-                                  "an existing network is supported on aws only")
-            if self.pull_through:
-                raise ConfigError("gpufleet:pullThrough", [r.model_dump(by_alias=True, exclude_none=True)
-                                                           for r in self.pull_through],
-                                  "pull-through caches are ECR rules, aws only (on azure, `az acr import` "
-                                  "images into the stack's registry)")
+        if self.cloud != "aws" and self.network is not None:
+            raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
+                              "an existing network is supported on aws only")
+        if self.cloud == "tencent" and self.region not in TENCENT_REGIONS:
+            raise ConfigError(REGION_KEY["tencent"], self.region, f"one of {', '.join(TENCENT_REGIONS)}")
+        if self.cloud == "tencent":
+            for key, value in self.tags.items():
+                if len(key) > 127 or len(value) > 255 or key.lower().startswith(("qcloud", "tencent", "project")):
+                    raise ConfigError("gpufleet:tags", key, "on tencent tag keys are at most 127 characters, not "
+                                      "starting with qcloud, tencent or project, and values at most 255")
+        if self.cloud == "tencent" and self.alert_emails:
+            raise ConfigError("gpufleet:alertEmails", list(self.alert_emails),
+                              "not on tencent: Cloud Monitor notifies CAM users and groups, not addresses; "
+                              "add the recipients to the stack's alert group (output alertGroup)")
+        if self.cloud != "aws" and self.pull_through:
+            raise ConfigError("gpufleet:pullThrough", [r.model_dump(by_alias=True, exclude_none=True)
+                                                       for r in self.pull_through],
+                              "pull-through caches are ECR rules, aws only (on azure, `az acr import` "
+                              "images into the stack's registry)")
+        if self.cloud == "tencent" and self.alerts:
+            raise ConfigError("gpufleet:alerts", [a.model_dump(exclude_none=True) for a in self.alerts],
+                              "not on tencent: Cloud Monitor notifies CAM users and groups; add the recipients "
+                              "to the stack's alert group (output alertGroup)")
         return self
 
     def _check_alerts(self) -> None:
@@ -267,8 +307,29 @@ class StackConfig(_Frozen):
                 raise ConfigError(f"{key}.chat", alert.chat, "chat webhooks are supported on aws; on azure give an "
                                   "https endpoint (autoscale notifications post their own JSON)")
 
+    def _check_budget(self) -> None:
+        wanted = BUDGET_KEY[self.currency]
+        given = {key: getattr(self, f"budget_monthly_{cur.lower()}") for cur, key in BUDGET_KEY.items()}
+        for key, value in given.items():
+            if key != wanted and value is not None:
+                raise ConfigError(f"gpufleet:{key}", value,
+                                  f"{self.cloud} prices are in {self.currency}: set gpufleet:{wanted} instead")
+        if given[wanted] is None:
+            raise ConfigError(f"gpufleet:{wanted}", _MISSING, f"the monthly budget in {self.currency}, a number > 0")
+
     def _check_image(self) -> None:
-        if self.cloud == "aws":
+        if self.cloud == "tencent":
+            if not isinstance(self.image, dict):
+                raise ConfigError("gpufleet:image", self.image if self.image is not None else _MISSING,
+                                  "an object {id: img-...} or {name: <image name regular expression>}")
+            try:
+                image = TencentImage(**self.image)
+            except ValidationError as exc:
+                raise _from_validation(exc, "gpufleet:image") from None
+            if (image.id is None) == (image.name is None):
+                raise ConfigError("gpufleet:image", self.image, "exactly one of id or name")
+            object.__setattr__(self, "image", image)
+        elif self.cloud == "aws":
             if not isinstance(self.image, dict):
                 raise ConfigError("gpufleet:image", self.image if self.image is not None else _MISSING,
                                   "an object {id: ami-...} or {name: <AMI name pattern>}")
@@ -291,11 +352,21 @@ class StackConfig(_Frozen):
         return catalog.CATALOG[self.instance_types[0]]
 
     @property
+    def currency(self) -> str:
+        """The currency of the cloud's prices, of the cost estimate and of the budget."""
+        return catalog.CURRENCY[self.cloud]
+
+    @property
+    def budget_monthly(self) -> float:
+        """The monthly budget in ``currency``."""
+        return self.budget_monthly_cny if self.currency == "CNY" else self.budget_monthly_usd
+
+    @property
     def effective_allowed_regions(self) -> tuple[str, ...]:
         if self.allowed_regions:
             return self.allowed_regions
         if self.data_classification in ("personal", "phi"):
-            return EU_REGIONS[self.cloud]
+            return MAINLAND_CHINA_REGIONS if self.cloud == "tencent" else EU_REGIONS[self.cloud]
         return ()
 
     @property
@@ -385,8 +456,8 @@ def parse(raw: dict[str, Any], stack: str, secret_keys: frozenset[str] = frozens
     if cloud in REGION_KEY:
         region = raw.get(REGION_KEY[cloud])
         if not region:
-            raise ConfigError(REGION_KEY[cloud], _MISSING, "set the provider region, e.g. "
-                              + ("eu-west-1" if cloud == "aws" else "westeurope"))
+            example = {"aws": "eu-west-1", "azure": "westeurope", "tencent": "ap-shanghai"}[cloud]
+            raise ConfigError(REGION_KEY[cloud], _MISSING, f"set the provider region, e.g. {example}")
         values["region"] = _decode(region)
     try:
         return StackConfig(**values)

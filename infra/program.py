@@ -16,6 +16,10 @@ def build(cfg: config.StackConfig) -> dict[str, pulumi.Input]:
         from infra.aws.stack import build_aws
 
         return build_aws(cfg)
+    if cfg.cloud == "tencent":
+        from infra.tencent.stack import build_tencent
+
+        return build_tencent(cfg)
     from infra.azure.stack import build_azure
 
     return build_azure(cfg)

@@ -12,10 +12,12 @@ import yaml
 NODE_JSON_PATH = "/etc/gpufleet/node.json"
 UNITS = ("gpufleet-preflight.service", "gpufleet-agent.service")
 AWS_USER_DATA_LIMIT = 16 * 1024  # bytes of user data EC2 accepts before base64
+TENCENT_USER_DATA_LIMIT = 16 * 1024  # bytes of base64 user data a Tencent launch configuration accepts
 
 REQUIRED = ("cloud", "stack", "region", "mode", "node_count", "bucket", "queue_url", "asg_name",
             "log_group", "metric_namespace", "instance_types")
 AZURE_REQUIRED = ("client_id", "resource_group", "subscription_id")
+TENCENT_REQUIRED = ("app_id", "role_name", "cos_endpoint", "dead_letter_queue_url")
 # Names of settings that would be secrets; node.json is world-readable and user-data is not secret storage.
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|private_key|access_key|connection_string|sas",
                           re.IGNORECASE)
@@ -51,17 +53,18 @@ def checked_settings(node: dict) -> dict:
     missing = [k for k in REQUIRED if k not in node]
     if missing:
         raise ValueError(f"node settings: missing {', '.join(missing)}")
-    if node["cloud"] not in ("aws", "azure"):
-        raise ValueError(f"node.cloud: {node['cloud']!r} is not one of aws, azure")
+    if node["cloud"] not in ("aws", "azure", "tencent"):
+        raise ValueError(f"node.cloud: {node['cloud']!r} is not one of aws, azure, tencent")
     if node["mode"] not in ("queue", "gang"):
         raise ValueError(f"node.mode: {node['mode']!r} is not one of queue, gang")
     if not isinstance(node["instance_types"], dict) or not node["instance_types"]:
         raise ValueError("node.instance_types: a non-empty map of instance type -> {gpus, efa, nvswitch, ...}")
-    if node["cloud"] == "azure":
-        azure = node.get("azure") or {}
-        absent = [k for k in AZURE_REQUIRED if not azure.get(k)]
-        if absent:
-            raise ValueError(f"node.azure: missing {', '.join(absent)}")
+    for cloud, required in (("azure", AZURE_REQUIRED), ("tencent", TENCENT_REQUIRED)):
+        if node["cloud"] == cloud:
+            given = node.get(cloud) or {}
+            absent = [k for k in required if not given.get(k)]
+            if absent:
+                raise ValueError(f"node.{cloud}: missing {', '.join(absent)}")
     _check_no_secrets(node, "")
     return {"launch_hook": None, "terminate_hook": None, **node}
 
@@ -86,4 +89,8 @@ def render_user_data(node: dict) -> str:
     text = "#cloud-config\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
     if settings["cloud"] == "aws" and len(text.encode()) > AWS_USER_DATA_LIMIT:
         raise ValueError(f"user-data is {len(text.encode())} bytes; EC2 accepts at most {AWS_USER_DATA_LIMIT}")
+    encoded = 4 * -(-len(text.encode()) // 3)
+    if settings["cloud"] == "tencent" and encoded > TENCENT_USER_DATA_LIMIT:
+        raise ValueError(f"user-data is {encoded} bytes in base64; a launch configuration accepts at most "
+                         f"{TENCENT_USER_DATA_LIMIT}")
     return text

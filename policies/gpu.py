@@ -50,7 +50,7 @@ def monthly_max_usd(instance_types: list[str], max_nodes: float, spot: bool) -> 
     rows = [CATALOG[t] for t in instance_types if t in CATALOG]
     if not rows:
         return 0.0
-    hourly = max(r.spot_price_usd_hour if spot else r.price_usd_hour for r in rows)
+    hourly = max(r.spot_price_hour if spot else r.price_hour for r in rows)
     return hourly * max_nodes * 730
 
 

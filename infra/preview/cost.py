@@ -1,6 +1,7 @@
 """Monthly cost estimate of a stack from list prices: pure arithmetic on the validated config.
 
-Model (USD per month of ``HOURS_PER_MONTH`` hours), for ``nodes.min``, ``nodes.desired`` and ``nodes.max``:
+Model (per month of ``HOURS_PER_MONTH`` hours, in the currency of the cloud's list prices: USD on AWS and
+Azure, CNY on Tencent Cloud; ``currency`` names it), for ``nodes.min``, ``nodes.desired`` and ``nodes.max``:
 - A node is its instance plus its boot disk (billed while the node exists, spot or not).
 - Two columns side by side. on-demand: every node at the primary type's on-demand price (the
   autoscaling group launches on-demand capacity in the order of the type list, primary first).
@@ -8,11 +9,15 @@ Model (USD per month of ``HOURS_PER_MONTH`` hours), for ``nodes.min``, ``nodes.d
   listed types (price-capacity-optimized favours the cheapest pools with capacity: the low end).
 - ``monthly_usd``: the column the stack's ``spot`` setting selects, plus fixed items billed whatever
   the node count (AWS: KMS key, dashboard, VPC interface endpoints per AZ, ECR's among them; Azure: the
-  Premium container registry with its private endpoint and private DNS zone), each with its unit price.
+  Premium container registry with its private endpoint and private DNS zone; Tencent: the KMS key), each with
+  its unit price.
+- Amounts keep their ``_usd`` key names whatever ``currency`` is, so that a preview diffs against one
+  written before other currencies existed; a Tencent stack's amounts are CNY.
 - Not included: usage-based charges (storage used, requests, data transfer, endpoint data processing,
   log and metric ingestion, alarms, registry storage beyond what a tier includes).
 Instance prices are the catalog's reference-region list prices of ``catalog.PRICE_DATE``; the other unit
 prices below are list prices of the same reference regions. None is a quote for the stack's region.
+The Tencent unit prices, like the Tencent instance prices, were entered by hand (see ``infra.catalog``).
 """
 from __future__ import annotations
 
@@ -36,11 +41,17 @@ AWS_ROOT_VOLUME_GIB = 200            # per node, gp3
 AWS_INTERFACE_ENDPOINTS = 10         # services with an interface endpoint in the stack's own VPC
 AWS_QUEUE_MODE_AZS = 3               # subnets (AZs) in queue mode; gang mode uses one
 AZURE_OS_DISK_GB = 256               # per node, Premium SSD
+# Tencent list prices (CNY), ap-guangzhou.
+TENCENT_SYSTEM_DISK_GB = 200         # per node, Premium Cloud Disk (CLOUD_PREMIUM)
+CLOUD_PREMIUM_GB_MONTH = 0.35
+TENCENT_KMS_KEY_MONTH = 3.00         # per customer master key
 EXCLUDED = ("usage-based charges: storage used, requests, data transfer, endpoint data processing, "
             "log and metric ingestion, alarms, registry storage beyond what a tier includes")
+TENCENT_EXCLUDED = ("usage-based charges: COS storage and requests, data transfer, CLS log ingestion, TDMQ CMQ "
+                    "requests, invocations of the scaler function")
 
 
-def _usd(x: float) -> float:
+def _money(x: float) -> float:
     return round(x, 2)
 
 
@@ -48,10 +59,10 @@ def node_prices(cfg: StackConfig) -> dict:
     """On-demand (primary type) and spot (cheapest listed type) hourly instance prices."""
     primary = cfg.primary
     rows = [catalog.CATALOG[name] for name in cfg.instance_types]
-    cheapest = min(rows, key=lambda t: t.spot_price_usd_hour)  # min keeps the first of equal prices
+    cheapest = min(rows, key=lambda t: t.spot_price_hour)  # min keeps the first of equal prices
     return {
-        "on_demand": {"instance_type": primary.name, "usd_hour": primary.price_usd_hour, "basis": "primary type"},
-        "spot": {"instance_type": cheapest.name, "usd_hour": cheapest.spot_price_usd_hour,
+        "on_demand": {"instance_type": primary.name, "usd_hour": primary.price_hour, "basis": "primary type"},
+        "spot": {"instance_type": cheapest.name, "usd_hour": cheapest.spot_price_hour,
                  "basis": "primary type" if len(rows) == 1 else "cheapest of the listed types"},
     }
 
@@ -60,13 +71,18 @@ def node_disk(cfg: StackConfig) -> dict:
     """The boot disk every node carries, with its monthly price."""
     if cfg.cloud == "aws":
         return {"item": f"root volume {AWS_ROOT_VOLUME_GIB} GiB gp3",
-                "usd_month": _usd(AWS_ROOT_VOLUME_GIB * GP3_GB_MONTH)}
+                "usd_month": _money(AWS_ROOT_VOLUME_GIB * GP3_GB_MONTH)}
+    if cfg.cloud == "tencent":
+        return {"item": f"system disk {TENCENT_SYSTEM_DISK_GB} GB Premium Cloud Disk",
+                "usd_month": _money(TENCENT_SYSTEM_DISK_GB * CLOUD_PREMIUM_GB_MONTH)}
     _, tier, price = next(t for t in PREMIUM_SSD_TIERS if t[0] >= AZURE_OS_DISK_GB)
     return {"item": f"OS disk {AZURE_OS_DISK_GB} GiB Premium SSD ({tier})", "usd_month": price}
 
 
 def fixed_items(cfg: StackConfig) -> list[dict]:
     """Resources billed per month whatever the node count."""
+    if cfg.cloud == "tencent":
+        return _rows([("KMS customer master key", 1, TENCENT_KMS_KEY_MONTH)])
     if cfg.cloud == "azure":
         items = [("Container Registry, Premium tier", 1, ACR_PREMIUM_DAY * HOURS_PER_MONTH / 24),
                  ("private endpoint (registry)", 1, PRIVATE_ENDPOINT_HOUR * HOURS_PER_MONTH),
@@ -81,7 +97,7 @@ def fixed_items(cfg: StackConfig) -> list[dict]:
 
 
 def _rows(items: list[tuple[str, int, float]]) -> list[dict]:
-    return [{"item": item, "quantity": qty, "usd_month_each": _usd(each), "monthly_usd": _usd(qty * each)}
+    return [{"item": item, "quantity": qty, "usd_month_each": _money(each), "monthly_usd": _money(qty * each)}
             for item, qty, each in items]
 
 
@@ -106,12 +122,12 @@ def estimate(cfg: StackConfig) -> dict:
         count = getattr(cfg.nodes, level)
         month = node_month(count, cfg.on_demand_base, prices["on_demand"]["usd_hour"], prices["spot"]["usd_hour"],
                            disk["usd_month"])
-        rows[level] = {"nodes": count, **{k: _usd(v) for k, v in month.items()}}
-        monthly[level] = _usd(month[chosen] + fixed_total)
+        rows[level] = {"nodes": count, **{k: _money(v) for k, v in month.items()}}
+        monthly[level] = _money(month[chosen] + fixed_total)
 
-    limit = cfg.budget_monthly_usd
+    limit = cfg.budget_monthly
     return {
-        "currency": "USD",
+        "currency": cfg.currency,
         "hours_per_month": HOURS_PER_MONTH,
         "price_date": catalog.PRICE_DATE,
         "price_region": catalog.PRICE_REGION[cfg.cloud],
@@ -122,14 +138,14 @@ def estimate(cfg: StackConfig) -> dict:
         "node_disk": disk,
         "rows": rows,
         "fixed": fixed,
-        "fixed_monthly_usd": _usd(fixed_total),
+        "fixed_monthly_usd": _money(fixed_total),
         "monthly_usd": monthly,
         "budget": {
             "monthly_usd": limit,
             "within_at_desired": monthly["desired"] <= limit,
             "within_at_max": monthly["max"] <= limit,
-            "headroom_at_max_usd": _usd(limit - monthly["max"]),
+            "headroom_at_max_usd": _money(limit - monthly["max"]),
             "used_at_max_pct": round(100.0 * monthly["max"] / limit, 1),
         },
-        "excluded": EXCLUDED,
+        "excluded": TENCENT_EXCLUDED if cfg.cloud == "tencent" else EXCLUDED,
     }

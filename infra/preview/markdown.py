@@ -22,18 +22,25 @@ MAX_VALUE = 48
 
 # --- small formatting helpers ------------------------------------------------------------------
 
-def usd(x: float) -> str:
-    return f"${x:,.2f}"
+SYMBOL = {"USD": "$", "CNY": "¥"}
 
 
-def rate(x: float) -> str:
+def money(x: float, currency: str = "USD") -> str:
+    return f"{SYMBOL.get(currency, currency + ' ')}{x:,.2f}"
+
+
+def rate(x: float, currency: str = "USD") -> str:
     """An hourly price with the catalog's precision (2 to 4 decimals)."""
     whole, frac = f"{x:,.4f}".split(".")
-    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
+    return f"{SYMBOL.get(currency, currency + ' ')}{whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
-def signed_usd(x: float) -> str:
-    return ("+" if x > 0 else "-" if x < 0 else "±") + usd(abs(x))
+def signed_money(x: float, currency: str = "USD") -> str:
+    return ("+" if x > 0 else "-" if x < 0 else "±") + money(abs(x), currency)
+
+
+def currency_of(doc: dict) -> str:
+    return (doc.get("cost") or {}).get("currency") or "USD"
 
 
 def _cell(text: str) -> str:
@@ -143,8 +150,8 @@ def _summary(doc: dict, owner: dict[str, str], violations: list[dict]) -> str:
              f"policy: {verdict}"]
     cost = doc.get("cost") or {}
     if cost.get("monthly_usd"):
-        m = cost["monthly_usd"]
-        parts.append(f"cost: {usd(m['desired'])}/month at desired, {usd(m['max'])} at max")
+        m, cur = cost["monthly_usd"], currency_of(doc)
+        parts.append(f"cost: {money(m['desired'], cur)}/month at desired, {money(m['max'], cur)} at max")
     return " · ".join(parts)
 
 
@@ -175,24 +182,27 @@ def _cost_section(cost: dict) -> list[str]:
         return []
     od, spot = cost["prices"]["on_demand"], cost["prices"]["spot"]
     chosen = "spot" if cost["purchase"] == "spot" else "on-demand"
+    cur = cost.get("currency") or "USD"
+    amount, rate_ = (lambda x: money(x, cur)), (lambda x: rate(x, cur))
+    in_currency = "" if cur == "USD" else f" in {cur}"
     lines = ["### Monthly cost", "",
-             f"List prices of {cost['price_region']} as of {cost['price_date']}, {cost['hours_per_month']} h/month "
-             f"(stack region {cost['region']}).", "",
+             f"List prices{in_currency} of {cost['price_region']} as of {cost['price_date']}, "
+             f"{cost['hours_per_month']} h/month (stack region {cost['region']}).", "",
              f"| nodes | count | on-demand | spot | this stack ({chosen} + fixed) |", "|---|---:|---:|---:|---:|"]
     for level in LEVELS:
         row = cost["rows"][level]
-        lines.append(f"| {level} | {row['nodes']} | {usd(row['on_demand_usd'])} | {usd(row['spot_usd'])} | "
-                     f"**{usd(cost['monthly_usd'][level])}** |")
-    lines += ["", f"- on-demand: `{od['instance_type']}` at {rate(od['usd_hour'])}/h ({od['basis']})",
-              f"- spot: `{spot['instance_type']}` at {rate(spot['usd_hour'])}/h ({spot['basis']}, planning "
+        lines.append(f"| {level} | {row['nodes']} | {amount(row['on_demand_usd'])} | {amount(row['spot_usd'])} | "
+                     f"**{amount(cost['monthly_usd'][level])}** |")
+    lines += ["", f"- on-demand: `{od['instance_type']}` at {rate_(od['usd_hour'])}/h ({od['basis']})",
+              f"- spot: `{spot['instance_type']}` at {rate_(spot['usd_hour'])}/h ({spot['basis']}, planning "
               f"ratio to on-demand)" + (f"; the first {cost['on_demand_base']} node(s) on-demand"
                                         if cost.get("on_demand_base") else "")]
     if cost.get("node_disk"):
         disk = cost["node_disk"]
-        lines.append(f"- every node also carries its {disk['item']} at {usd(disk['usd_month'])}/month "
+        lines.append(f"- every node also carries its {disk['item']} at {amount(disk['usd_month'])}/month "
                      "(in both columns)")
     if cost.get("fixed"):
-        items = [f"{f['item']} {f['quantity']} × {usd(f['usd_month_each'])} = {usd(f['monthly_usd'])}"
+        items = [f"{f['item']} {f['quantity']} × {amount(f['usd_month_each'])} = {amount(f['monthly_usd'])}"
                  for f in cost["fixed"]]
         lines.append("- fixed per month: " + "; ".join(items))
     if cost.get("excluded"):
@@ -201,8 +211,8 @@ def _cost_section(cost: dict) -> list[str]:
     if budget:
         state = ("✅ within budget at max" if budget["within_at_max"] else
                  "⚠️ over budget at max" if budget["within_at_desired"] else "❌ over budget at desired")
-        lines.append(f"- budget {usd(budget['monthly_usd'])}/month: {state} ({budget['used_at_max_pct']}% used "
-                     f"at max, headroom {signed_usd(budget['headroom_at_max_usd'])})")
+        lines.append(f"- budget {amount(budget['monthly_usd'])}/month: {state} ({budget['used_at_max_pct']}% used "
+                     f"at max, headroom {signed_money(budget['headroom_at_max_usd'], cur)})")
     return lines + [""]
 
 
@@ -258,11 +268,13 @@ def _diff_section(doc: dict) -> list[str]:
     diff = doc["diff"]
     s = diff["summary"]
     delta = diff["cost"]["delta_monthly_usd"]
+    cur = currency_of(doc)
     lines = ["### Changes against the base branch", ""]
     counts = [f"{s['added']} to add", f"{s['removed']} to remove", f"{s['updated']} to update",
               f"{s['replaced']} to replace", f"{s['renamed']} renamed"]
-    lines.append(", ".join(counts) + f"; cost per month {signed_usd(delta['min'])} at min, "
-                 f"{signed_usd(delta.get('desired', 0.0))} at desired, {signed_usd(delta['max'])} at max.")
+    lines.append(", ".join(counts) + f"; cost per month {signed_money(delta['min'], cur)} at min, "
+                 f"{signed_money(delta.get('desired', 0.0), cur)} at desired, {signed_money(delta['max'], cur)} "
+                 "at max.")
     lines.append("")
     rows = []
     for r in diff["added"]:

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import pulumi
 
 ACCOUNT_ID = "123456789012"
+TENCENT_APP_ID = "1250000000"
+TENCENT_UIN = "100000000001"
 SUBSCRIPTION_ID = "00000000-0000-4000-8000-000000000001"
 TENANT_ID = "00000000-0000-4000-8000-000000000002"
 PREVIEW_PRINCIPAL = "gpufleet-preview"
@@ -36,7 +38,7 @@ def fake_uuid(*parts: str) -> str:
 
 
 class PreviewMocks(pulumi.runtime.Mocks):
-    """Mocks for aws and azure-native resources in one stack, account and region."""
+    """Mocks for aws, azure-native and tencentcloud resources in one stack, account and region."""
 
     def __init__(self, stack: str, region: str, account_id: str = ACCOUNT_ID,
                  subscription_id: str = SUBSCRIPTION_ID):
@@ -53,6 +55,8 @@ class PreviewMocks(pulumi.runtime.Mocks):
             handler = _AWS.get(args.typ, _aws_generic)
         elif pkg == "azure-native":
             handler = _azure_resource
+        elif pkg == "tencentcloud":
+            handler = _TENCENT.get(args.typ, _tencent_generic)
         elif args.typ.startswith("pulumi:providers:"):
             return fake_uuid(self.stack, args.typ, args.name), inputs
         else:
@@ -81,6 +85,10 @@ class PreviewMocks(pulumi.runtime.Mocks):
 
     def hexid(self, prefix: str, typ: str, name: str) -> str:
         return f"{prefix}-{digest(self.stack, typ, name)}"
+
+    def tencent_id(self, prefix: str, typ: str, name: str) -> str:
+        """Tencent's short ids: a prefix and 8 lower-case letters and digits (vpc-, sg-, asg-, ...)."""
+        return f"{prefix}-{_base36(digest(self.stack, typ, name, n=16), 8)}"
 
     # --- invokes --------------------------------------------------------------------------------
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -425,6 +433,118 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
     return rid, out
 
 
+# --- Tencent Cloud resources ------------------------------------------------------------------------
+def _base36(hex_digest: str, n: int) -> str:
+    value, out = int(hex_digest, 16), ""
+    for _ in range(n):
+        value, r = divmod(value, 36)
+        out += "0123456789abcdefghijklmnopqrstuvwxyz"[r]
+    return out
+
+
+def _short(prefix: str, name_key: str | None = None) -> Handler:
+    """A resource with a short id (``vpc-1a2b3c4d``), echoing its name input when it has one."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        rid = m.tencent_id(prefix, typ, name)
+        return rid, ({name_key: inputs.get(name_key) or m.auto_name(typ, name)} if name_key else {})
+    return handler
+
+
+def _numeric(m: PreviewMocks, typ: str, name: str, digits: int = 9) -> str:
+    return str(int(digest(m.stack, typ, name, n=12), 16) % 10 ** digits + 10 ** (digits - 1))
+
+
+def _cos_bucket(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    bucket = inputs.get("bucket") or f"{m.auto_name(typ, name, lower=True)}-{TENCENT_APP_ID}"
+    return bucket, {"bucket": bucket, "cosBucketUrl": f"{bucket}.cos.{m.region}.myqcloud.com"}
+
+
+def _cam_role(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    # CAM role ids are 19-digit numbers (4611686018...); the name is the handle most APIs take.
+    rid = "46116860" + _numeric(m, typ, name, 11)
+    return rid, {"name": inputs.get("name") or m.auto_name(typ, name), "createTime": "2025-07-01 00:00:00"}
+
+
+def _cam_numbered(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    return _numeric(m, typ, name), {"name": inputs.get("name") or m.auto_name(typ, name)}
+
+
+def _uuid_named(key: str) -> Handler:
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        return fake_uuid(m.stack, typ, name), {key: inputs.get(key) or m.auto_name(typ, name)}
+    return handler
+
+
+def _kms_key_tencent(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    key_id = fake_uuid(m.stack, typ, name)
+    return key_id, {"keyState": "Enabled" if inputs.get("isEnabled") else "Disabled"}
+
+
+def _tencent_generic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """Any other Tencent resource: a short id from its module name (``scf-1a2b3c4d``)."""
+    module = typ.split(":")[1].split("/")[0].lower()
+    return m.tencent_id(module, typ, name), {}
+
+
+_TENCENT: dict[str, Handler] = {
+    "tencentcloud:Vpc/instance:Instance": _short("vpc"),
+    "tencentcloud:Subnet/instance:Instance": _short("subnet"),
+    "tencentcloud:Security/group:Group": _short("sg"),
+    "tencentcloud:Security/groupRuleSet:GroupRuleSet": lambda m, typ, name, inputs: (
+        str(inputs.get("securityGroupId", name)), {}),
+    "tencentcloud:Cos/bucket:Bucket": _cos_bucket,
+    "tencentcloud:Cos/bucketPolicy:BucketPolicy": lambda m, typ, name, inputs: (str(inputs.get("bucket", name)), {}),
+    "tencentcloud:Kms/key:Key": _kms_key_tencent,
+    "tencentcloud:Cam/role:Role": _cam_role,
+    "tencentcloud:Cam/policy:Policy": _cam_numbered,
+    "tencentcloud:Cam/group:Group": _cam_numbered,
+    "tencentcloud:Cam/rolePolicyAttachment:RolePolicyAttachment": lambda m, typ, name, inputs: (
+        f"{inputs.get('roleId', '')}#{inputs.get('policyId', '')}", {}),
+    "tencentcloud:As/scalingConfig:ScalingConfig": _short("asc"),
+    "tencentcloud:As/scalingGroup:ScalingGroup": _short("asg"),
+    "tencentcloud:As/lifecycleHook:LifecycleHook": _short("ash"),
+    "tencentcloud:Tcmq/queue:Queue": _short("queue"),
+    "tencentcloud:Monitor/alarmNotice:AlarmNotice": lambda m, typ, name, inputs: (
+        f"notice-{fake_uuid(m.stack, typ, name)}", {}),
+    "tencentcloud:Monitor/alarmPolicy:AlarmPolicy": _short("policy"),
+    "tencentcloud:Monitor/policyBindingObject:PolicyBindingObject": lambda m, typ, name, inputs: (
+        str(inputs.get("policyId", name)), {}),
+    "tencentcloud:Cls/logset:Logset": _uuid_named("logsetName"),
+    "tencentcloud:Cls/topic:Topic": _uuid_named("topicName"),
+    "tencentcloud:Billing/budget:Budget": lambda m, typ, name, inputs: (
+        _numeric(m, typ, name, 12), {"budgetName": inputs.get("budgetName") or m.auto_name(typ, name)}),
+    "tencentcloud:Scf/function:Function": lambda m, typ, name, inputs: (
+        f"{inputs.get('namespace', 'default')}+{inputs.get('name') or m.auto_name(typ, name)}",
+        {"name": inputs.get("name") or m.auto_name(typ, name), "namespace": inputs.get("namespace", "default")}),
+}
+
+
+def _tencent_types(m: PreviewMocks, args: dict) -> dict:
+    """CVM types of the catalog in the filtered families, sold in three zones of the region."""
+    from infra import catalog
+
+    families = {v for f in args.get("filters", []) if f.get("name") == "instance-family" for v in f.get("values", [])}
+    rows = [row for row in catalog.CATALOG.values() if row.cloud == "tencent"
+            and (not families or row.name.split(".")[0] in families)]
+    zones = [f"{m.region}-{n}" for n in (2, 3, 4)]
+    return {"id": digest(json.dumps(args, sort_keys=True), n=10), "instanceTypes": [
+        {"availabilityZone": zone, "instanceType": row.name, "family": row.name.split(".")[0],
+         "gpuCoreCount": row.gpus, "cpuCoreCount": row.vcpus, "memorySize": row.memory_gib,
+         "instanceChargeType": "POSTPAID_BY_HOUR", "status": "SELL", "cbsConfigs": []}
+        for row in rows for zone in zones]}
+
+
+def _tencent_images(m: PreviewMocks, args: dict) -> dict:
+    pattern = (args.get("imageNameRegex") or "gpufleet-gpu-").lstrip("^")
+    image_id = "img-" + _base36(digest(m.region, json.dumps(args, sort_keys=True), n=16), 8)
+    image = {"imageId": image_id, "imageName": f"{pattern}1.0.0-20250701", "createdTime": "2025-07-01 00:00:00",
+             "imageType": "PRIVATE_IMAGE", "imageState": "NORMAL", "imageSource": "CREATE_IMAGE",
+             "imageCreator": TENCENT_UIN, "imageDescription": "gpufleet GPU node", "imageSize": 50,
+             "architecture": "x86_64", "osName": "Ubuntu Server 22.04 LTS 64bit", "platform": "Ubuntu",
+             "snapshots": [], "supportCloudInit": True, "syncPercent": 100}
+    return {"id": digest(json.dumps(args, sort_keys=True), n=10), "images": [image]}
+
+
 # --- invokes ---------------------------------------------------------------------------------------
 def _get_ami(m: PreviewMocks, args: dict) -> dict:
     filters = {f.get("name"): f.get("values", []) for f in args.get("filters", [])}
@@ -523,6 +643,11 @@ _CALLS: dict[str, Callable[[PreviewMocks, dict], dict]] = {
         "suffix": "amazonaws.com", "region": a.get("region", m.region)},
     "azure-native:authorization:getClientConfig": _azure_client,
     "azure-native:authorization:getClientToken": lambda m, a: {"token": "preview-token"},
+    "tencentcloud:User/getInfo:getInfo": lambda m, a: {
+        "id": TENCENT_UIN, "appId": TENCENT_APP_ID, "ownerUin": TENCENT_UIN, "uin": TENCENT_UIN,
+        "name": PREVIEW_PRINCIPAL},
+    "tencentcloud:Instance/getTypes:getTypes": _tencent_types,
+    "tencentcloud:Images/getInstance:getInstance": _tencent_images,
     "azure-native:resources:getResourceGroup": lambda m, a: {
         "id": f"/subscriptions/{m.subscription}/resourceGroups/{a['resourceGroupName']}",
         "name": a["resourceGroupName"], "location": m.region},

@@ -78,8 +78,13 @@ def _policy(policy: dict) -> list[str]:
 
 
 def _cost(cost: dict) -> list[str]:
+    from infra.preview.markdown import money
+
+    cur = cost.get("currency") or "USD"
     monthly = cost["monthly_usd"]
-    levels = " / ".join(f"{k} ${monthly[k]:,.2f}" for k in ("min", "desired", "max") if k in monthly)
+    levels = " / ".join(f"{k} {money(monthly[k], cur)}" for k in ("min", "desired", "max") if k in monthly)
     line = f"Cost per month ({cost.get('purchase', '')} prices of {cost.get('price_date', '?')}): {levels}"
+    if cur != "USD":
+        line = line.replace("Cost per month (", f"Cost per month in {cur} (", 1)
     budget = (cost.get("budget") or {}).get("monthly_usd")
-    return [line + (f"; budget ${budget:,.2f}" if budget is not None else "")]
+    return [line + (f"; budget {money(budget, cur)}" if budget is not None else "")]

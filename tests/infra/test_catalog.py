@@ -37,8 +37,8 @@ def test_azure_rows_have_infiniband_and_no_efa():
 def test_prices_are_positive_dated_and_spot_is_cheaper():
     assert catalog.PRICE_DATE[:4].isdigit()
     for row in catalog.CATALOG.values():
-        assert row.price_usd_hour > 0
-        assert 0 < row.spot_price_usd_hour < row.price_usd_hour
+        assert row.price_hour > 0
+        assert 0 < row.spot_price_hour < row.price_hour
 
 
 def test_refresh_against_ec2_endpoint_finds_no_difference(moto_endpoint):

@@ -68,7 +68,7 @@ CASES = [
     ({"gpufleet:nodes": {"min": 0, "max": 2}}, "gpufleet:nodes.desired", "required"),
     ({"gpufleet:nodes": {"min": -1, "desired": 0, "max": 2}}, "gpufleet:nodes.min", ">= 0"),
     ({"gpufleet:spot": "sometimes"}, "gpufleet:spot", "true or false"),
-    ({"gpufleet:cloud": "gcp"}, "gpufleet:cloud", "aws or azure"),
+    ({"gpufleet:cloud": "gcp"}, "gpufleet:cloud", "aws, azure or tencent"),
     ({"gpufleet:mode": "batch"}, "gpufleet:mode", "queue or gang"),
     ({"gpufleet:dataClassification": "secret"}, "gpufleet:dataClassification", "public"),
     ({"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}},

@@ -81,7 +81,7 @@ def test_write_actions(action, write):
 def test_monthly_max_prices_the_dearest_type_at_max_size():
     assert monthly_max_usd(["p5.48xlarge"], 4, spot=False) == pytest.approx(55.04 * 4 * 730)
     assert monthly_max_usd(["g6.xlarge", "g5.xlarge"], 2, spot=True) == pytest.approx(
-        CATALOG["g5.xlarge"].spot_price_usd_hour * 2 * 730)
+        CATALOG["g5.xlarge"].spot_price_hour * 2 * 730)
     assert monthly_max_usd(["unknown"], 9, spot=False) == 0
 
 

@@ -19,14 +19,14 @@ def _cfg(**over):
 
 def test_the_prices_the_examples_rely_on():
     # The hand-worked figures below use these prices; if one changes, rework the examples.
-    assert catalog.CATALOG["g6.xlarge"].price_usd_hour == 0.8048
-    assert catalog.CATALOG["g6.xlarge"].spot_price_usd_hour == 0.3219      # 0.8048 x 0.40, 4 decimals
-    assert catalog.CATALOG["g5.xlarge"].price_usd_hour == 1.006
-    assert catalog.CATALOG["g5.xlarge"].spot_price_usd_hour == 0.4024      # 1.006 x 0.40
-    assert catalog.CATALOG["p5.48xlarge"].price_usd_hour == 55.04
-    assert catalog.CATALOG["p5.48xlarge"].spot_price_usd_hour == 33.024    # 55.04 x 0.60
-    assert catalog.CATALOG["Standard_ND96asr_v4"].price_usd_hour == 27.197
-    assert catalog.CATALOG["Standard_ND96asr_v4"].spot_price_usd_hour == 12.2386  # 27.197 x 0.45
+    assert catalog.CATALOG["g6.xlarge"].price_hour == 0.8048
+    assert catalog.CATALOG["g6.xlarge"].spot_price_hour == 0.3219      # 0.8048 x 0.40, 4 decimals
+    assert catalog.CATALOG["g5.xlarge"].price_hour == 1.006
+    assert catalog.CATALOG["g5.xlarge"].spot_price_hour == 0.4024      # 1.006 x 0.40
+    assert catalog.CATALOG["p5.48xlarge"].price_hour == 55.04
+    assert catalog.CATALOG["p5.48xlarge"].spot_price_hour == 33.024    # 55.04 x 0.60
+    assert catalog.CATALOG["Standard_ND96asr_v4"].price_hour == 27.197
+    assert catalog.CATALOG["Standard_ND96asr_v4"].spot_price_hour == 12.2386  # 27.197 x 0.45
     # AWS root volume 200 GiB gp3 x $0.08 = $16.00 per node; 10 interface endpoints at $0.01/h per AZ = $7.30 each
     # (test_review_end_to_end checks these counts against what the stacks create)
     assert (cost.AWS_ROOT_VOLUME_GIB, cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS) == (200, 10, 3)
