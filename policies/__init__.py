@@ -3,7 +3,7 @@ from __future__ import annotations
 
 PACK_NAME = "gpufleet-guardrails"
 MODULES = ("aws_s3", "aws_ec2", "aws_iam", "aws_data", "aws_observability", "gpu", "azure_rules", "compliance",
-           "registries")
+           "registries", "tencent_rules")
 
 
 def all_policies() -> list:

@@ -17,7 +17,7 @@ from policies import PACK_NAME, all_policies  # noqa: E402
 
 PolicyPack(
     name=PACK_NAME,
-    description="GPU-aware compliance guardrails for gpufleet stacks on AWS and Azure (CIS, HIPAA, GDPR, GPU).",
+    description="GPU-aware compliance guardrails for gpufleet stacks on AWS, Azure and Tencent Cloud (CIS, HIPAA, GDPR, PIPL, GPU).",
     enforcement_level=EnforcementLevel.ADVISORY,
     policies=all_policies(),
 )

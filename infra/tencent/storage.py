@@ -1,7 +1,7 @@
 """Storage: the stack's KMS key (rotation on) and the COS bucket for checkpoints and data: private ACL,
 SSE-KMS with the stack key, versioning, old versions and stale multipart uploads expired, and a bucket
 policy denying plain HTTP and TLS below 1.2 (COS's cos:secure-transport and cos:tls-version condition
-keys). Personal data adds access logs to a private log bucket (SSE-COS: COS log delivery writes there).
+keys). Personal data adds access logs to a private log bucket (SSE-COS, the same TLS-only policy).
 
 COS needs two one-time account grants the provider cannot make: COS's service role for KMS (SSE-KMS)
 and the log-delivery authorization (access logs)."""
@@ -55,14 +55,19 @@ class Storage(pulumi.ComponentResource):
             f"{p}-data", bucket=app_id.apply(lambda a: derive.bucket_name(args.stack, a)), acl="private",
             encryption_algorithm="KMS", kms_id=self.key.id, versioning_enable=True,
             lifecycle_rules=[_lifecycle()], force_clean=False, tags=args.tags, opts=child, **logging)
-        self.policy = cos.BucketPolicy(
-            f"{p}-data-policy", bucket=self.bucket.bucket,
-            policy=pulumi.Output.all(app_id, self.bucket.bucket).apply(
-                lambda v: json.dumps(derive.bucket_policy(args.region, v[0], v[1]))),
-            opts=child)
+        self.policies = [self._tls_only(f"{p}-{kind}-policy", bucket, app_id, args.region)
+                         for kind, bucket in (("data", self.bucket), ("access-logs", self.log_bucket)) if bucket]
         self.bucket_name = self.bucket.bucket
         self.key_id = self.key.id
         self.register_outputs({"bucket": self.bucket.bucket, "keyId": self.key.id})
+
+
+    def _tls_only(self, name: str, bucket: cos.Bucket, app_id: pulumi.Output, region: str) -> cos.BucketPolicy:
+        return cos.BucketPolicy(
+            name, bucket=bucket.bucket,
+            policy=pulumi.Output.all(app_id, bucket.bucket).apply(
+                lambda v: json.dumps(derive.bucket_policy(region, v[0], v[1]))),
+            opts=pulumi.ResourceOptions(parent=self))
 
 
 def _lifecycle() -> dict:
