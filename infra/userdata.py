@@ -17,7 +17,7 @@ TENCENT_USER_DATA_LIMIT = 16 * 1024  # bytes of base64 user data a Tencent launc
 REQUIRED = ("cloud", "stack", "region", "mode", "node_count", "bucket", "queue_url", "asg_name",
             "log_group", "metric_namespace", "instance_types")
 AZURE_REQUIRED = ("client_id", "resource_group", "subscription_id")
-TENCENT_REQUIRED = ("app_id", "role_name", "cos_endpoint", "dead_letter_queue_url")
+TENCENT_REQUIRED = ("app_id", "role_name", "cos_endpoint")
 # Names of settings that would be secrets; node.json is world-readable and user-data is not secret storage.
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|private_key|access_key|connection_string|sas",
                           re.IGNORECASE)

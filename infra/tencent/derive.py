@@ -28,6 +28,7 @@ QUEUE_VISIBILITY_S = 3 * 3600
 QUEUE_RETENTION_S = 12 * 3600   # CMQ's maximum
 QUEUE_POLL_S = 20               # long-poll default (CMQ allows 0-30)
 MAX_RECEIVES = 3                # receives before CMQ moves a message to the dead-letter queue
+DEAD_SUFFIX = "-dead"           # the dead-letter queue is <queue>-dead (the trainer's CMQ client relies on it)
 LOG_RETENTION_DAYS = {"public": 30, "internal": 90, "personal": 365}
 # Cloud Monitor rules.
 IDLE_GPU_PERCENT = 5
@@ -60,9 +61,10 @@ class Names:
     @classmethod
     def of(cls, stack: str) -> "Names":
         prefix = f"gpufleet-{stack}"
+        queue = _cmq_name(f"{prefix}-jobs", 64 - len(DEAD_SUFFIX))
         return cls(prefix=prefix, group=f"{prefix}-nodes", config=f"{prefix}-node", role=f"{prefix}-nodes",
                    scaler_role=f"{prefix}-scaler", scaler=_scf_name(f"{prefix}-scaler"),
-                   queue=_cmq_name(f"{prefix}-jobs"), dlq=_cmq_name(f"{prefix}-jobs-dead"),
+                   queue=queue, dlq=queue + DEAD_SUFFIX,
                    launch_hook=f"{prefix}-preflight", terminate_hook=f"{prefix}-checkpoint",
                    logset=prefix, metric_namespace=f"gpufleet/{stack}")
 
@@ -74,9 +76,9 @@ def _fit(name: str, limit: int) -> str:
     return f"{name[:limit - 9].rstrip('-_')}-{digest}"
 
 
-def _cmq_name(name: str) -> str:
+def _cmq_name(name: str, limit: int = 64) -> str:
     """CMQ queue names: up to 64 letters, digits and '-', starting with a letter; not ending -dlq/-retry."""
-    return _fit(re.sub(r"[^A-Za-z0-9-]", "-", name), 64)
+    return _fit(re.sub(r"[^A-Za-z0-9-]", "-", name), limit)
 
 
 def _scf_name(name: str) -> str:
@@ -178,7 +180,7 @@ def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str,
         {"effect": "allow", "action": ["name/tdmq:SendMessage"], "resource": [cmq_queue_resource(region, uin, dlq)]},
         {"effect": "allow",
          "action": ["name/as:CompleteLifecycleAction", "name/as:SetInstancesProtection",
-                    "name/as:DescribeAutoScalingInstances"],
+                    "name/as:DescribeAutoScalingInstances", "name/as:DescribeLifecycleHooks"],
          "resource": [as_group_resource(region, uin, group_id)]},
         {"effect": "allow", "action": ["name/cls:pushLog"], "resource": [cls_topic_resource(region, uin, topic_id)]},
     )
@@ -261,9 +263,8 @@ def node_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: str, l
     types = {t: {"gpus": catalog.CATALOG[t].gpus, "efa": 0, "nvswitch": catalog.CATALOG[t].nvswitch,
                  "infiniband_gbps": 0} for t in cfg.instance_types}
     return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "mode": cfg.mode,
-            "node_count": cfg.nodes.max if cfg.mode == "gang" else 1, "bucket": bucket,
+            "node_count": cfg.nodes.max if cfg.mode == "gang" else 1, "bucket": f"cos://{bucket}",
             "queue_url": queue_url(cfg.region, names.queue), "asg_name": names.group, "log_group": log_topic,
             "metric_namespace": names.metric_namespace, "instance_types": types,
             "launch_hook": names.launch_hook, "terminate_hook": names.terminate_hook,
-            "tencent": {"app_id": app_id, "role_name": names.role, "cos_endpoint": cos_endpoint(cfg.region),
-                        "dead_letter_queue_url": queue_url(cfg.region, names.dlq)}}
+            "tencent": {"app_id": app_id, "role_name": names.role, "cos_endpoint": cos_endpoint(cfg.region)}}

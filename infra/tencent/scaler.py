@@ -3,8 +3,9 @@ a CAM role that may read the job queue's counts and set this group's desired cap
 
 Limits: the group follows the backlog within about a minute (the timer), counts come from TDMQ's API
 (no alarm evaluation delay), and a failed run is retried by the next tick. The function is deployed from
-a zip of scaler_fn.py and infra/scaling.py that the program writes (content-addressed, so unchanged code
-is never redeployed) to the system's temporary directory; SCF's provider takes a local zip path.
+a zip of scaler_fn.py, infra/scaling.py and trainer/clouds/tencent_api.py that the program writes to the
+system's temporary directory (content-addressed: unchanged code is never redeployed); SCF's provider
+takes a local zip path.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tencentcloud_iac_pulumi import cam, scf
 from infra.tencent import derive
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = {"scaler_fn.py": _HERE / "scaler_fn.py", "scaling.py": _HERE.parent / "scaling.py"}
+SOURCES = {"scaler_fn.py": _HERE / "scaler_fn.py", "scaling.py": _HERE.parent / "scaling.py",
+           "tencent_api.py": _HERE.parents[1] / "trainer" / "clouds" / "tencent_api.py"}
 HANDLER = "scaler_fn.main_handler"
 
 

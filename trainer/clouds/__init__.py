@@ -11,7 +11,7 @@ import importlib
 import os
 from types import ModuleType
 
-CLOUDS = ("aws", "azure")
+CLOUDS = ("aws", "azure", "tencent")
 
 
 def adapter(cloud: str) -> ModuleType:
@@ -26,12 +26,15 @@ def node_cloud(settings: dict, environ=os.environ) -> str | None:
     """The cloud whose metadata service this process may contact, or None (never contact one).
 
     A cloud node's /etc/gpufleet/node.json names its cloud. Elsewhere only an explicit pointer counts:
-    botocore's ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (unless ``AWS_EC2_METADATA_DISABLED=true``) means AWS.
+    botocore's ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (unless ``AWS_EC2_METADATA_DISABLED=true``) means AWS,
+    ``TENCENTCLOUD_METADATA_ENDPOINT`` (gpufleet's; Tencent's SDKs have none) means Tencent Cloud.
     A laptop, CI or a test with neither sends nothing to a metadata address.
     """
     cloud = settings.get("cloud")
     if cloud:
         return cloud
+    if environ.get("TENCENTCLOUD_METADATA_ENDPOINT"):
+        return "tencent"
     if environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") and \
             environ.get("AWS_EC2_METADATA_DISABLED", "").lower() != "true":
         return "aws"

@@ -1,5 +1,5 @@
 """The job queue interface the agent pulls from, job messages, and the registry of the clouds' queues
-(trainer.clouds.<cloud>.open_queue: SQS, Azure Storage queues)."""
+(trainer.clouds.<cloud>.open_queue: SQS, Azure Storage queues, TDMQ CMQ)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,8 @@ from trainer.errors import UsageError
 MAX_IN_FLIGHT_S = 12 * 3600
 # Queue URL host suffix -> the trainer.clouds module whose queue it is; any other http(s) URL is SQS's
 # (or an SQS-compatible endpoint such as moto's).
-QUEUE_HOSTS = {".queue.core.windows.net": "azure"}
+QUEUE_HOSTS = {".queue.core.windows.net": "azure", ".mqadapter.cmq.tencentyun.com": "tencent",
+               ".tencenttdmq.com": "tencent"}
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,17 @@ class JobQueue:
     def delete(self, msg: Message) -> None:
         raise NotImplementedError
 
+    def fail(self, msg: Message) -> None:
+        """The job failed for real (or is invalid): leave it to redelivery and the dead-letter queue. SQS and
+        Azure redeliver by themselves once the visibility ends; a queue that cannot (TDMQ CMQ) acts here."""
+
     def send(self, body: str) -> str:
         raise NotImplementedError
 
 
 def open_queue(url: str, region: str | None = None) -> JobQueue:
-    """SQS for SQS URLs; an Azure Storage queue for https://<account>.queue.core.windows.net/<queue>."""
+    """SQS for SQS URLs; an Azure Storage queue for https://<account>.queue.core.windows.net/<queue>; TDMQ CMQ
+    for http://<region code>.mqadapter.cmq.tencentyun.com/<queue> (or the tencenttdmq.com public endpoint)."""
     host = urlparse(url).hostname or ""
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--queue-url: {url!r} is not a queue URL (an SQS or Azure Storage queue https URL)")

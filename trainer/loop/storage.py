@@ -1,5 +1,5 @@
 """Object stores for checkpoints: the Store interface, local directories, and the registry of the clouds' stores
-(trainer.clouds.<cloud>.open_store: S3 and any S3-compatible endpoint, Azure Blob).
+(trainer.clouds.<cloud>.open_store: S3 and any S3-compatible endpoint, Azure Blob, Tencent COS).
 
 `open_store(uri)` picks the implementation; keys are relative to the URI's prefix and use "/".
 A missing key raises FileNotFoundError on every store.
@@ -113,7 +113,7 @@ class LocalStore(Store):
 
 
 # Object-store URIs of the clouds: scheme (or https host suffix) -> the trainer.clouds module that opens them.
-SCHEMES = {"s3": "aws", "az": "azure"}
+SCHEMES = {"s3": "aws", "az": "azure", "cos": "tencent"}
 HTTPS_HOSTS = {".blob.core.windows.net": "azure"}
 
 
@@ -127,7 +127,8 @@ def store_cloud(uri: str) -> str | None:
 
 
 def open_store(uri: str) -> Store:
-    """A store for a local path, file://, s3://bucket/prefix, az://container/prefix or an Azure blob https URL."""
+    """A store for a local path, file://, s3://bucket/prefix, az://container/prefix, an Azure blob https URL or
+    cos://bucket/prefix."""
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     cloud = store_cloud(uri)
@@ -137,9 +138,11 @@ def open_store(uri: str) -> Store:
         return LocalStore(parsed.path)
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         if not uri:
-            raise UsageError("checkpoint URI is empty; expected a path, file://, s3://, az:// or an Azure blob URL")
+            raise UsageError("checkpoint URI is empty; expected a path, file://, s3://, az://, an Azure blob URL "
+                             "or cos://")
         return LocalStore(uri)
     raise UsageError(
         f"checkpoint URI {uri!r}: unsupported scheme {scheme!r}; expected a path, file://, s3://bucket/prefix, "
-        "az://container/prefix or https://<account>.blob.core.windows.net/<container>/<prefix>"
+        "az://container/prefix, https://<account>.blob.core.windows.net/<container>/<prefix> or "
+        "cos://<bucket>-<appid>/<prefix>"
     )

@@ -45,8 +45,8 @@ GANG_POLL_S = 2.0  # how often a gang node looks at the assignment object
 
 
 def default_checkpoint_uri(bucket: str, job_id: str) -> str:
-    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL."""
-    if bucket.startswith("https://"):
+    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL, on Tencent a cos:// URI."""
+    if "://" in bucket:
         return f"{bucket.rstrip('/')}/jobs/{job_id}/"
     return f"s3://{bucket}/jobs/{job_id}/"
 
@@ -222,6 +222,7 @@ class Agent:
         except UsageError as exc:
             log.error("message %s (receive %d): invalid job, left for the dead-letter queue: %s",
                       msg.id, msg.receive_count, exc)
+            self.queue.fail(msg)
             return EXIT_FAILED
         log.info("job %s: claimed (message %s, receive %d)", job.job_id, msg.id, msg.receive_count)
         metrics_path = str(self.work_dir / "jobs" / job.job_id / "metrics.jsonl")
@@ -250,6 +251,7 @@ class Agent:
         self.platform.protect(False)
         log.error("job %s: failed with exit status %d (receive %d); left for redelivery and the dead-letter queue",
                   job.job_id, rc, msg.receive_count)
+        self.queue.fail(msg)
         return EXIT_FAILED
 
     def going_away(self) -> str | None:
