@@ -1,9 +1,9 @@
-# One build for both clouds: upload the manifest, scripts, units and trainer wheel, run one script per
+# One build for the three clouds: upload the manifest, scripts, units and trainer wheel, run one script per
 # component (reboots where the kernel or driver changes), validate, then clean up.
 
 build {
   name    = "gpufleet-gpu"
-  sources = ["source.amazon-ebs.gpu", "source.azure-arm.gpu"]
+  sources = ["source.amazon-ebs.gpu", "source.azure-arm.gpu", "source.tencentcloud-cvm.gpu"]
 
   provisioner "shell" {
     inline = ["mkdir -p /tmp/gpufleet-ami"]
@@ -15,7 +15,7 @@ build {
   }
 
   provisioner "shell" {
-    environment_vars = ["GPUFLEET_CLOUD=${source.type == "amazon-ebs" ? "aws" : "azure"}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
+    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
     execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
     inline           = [for s in local.steps_before_reboot : "bash /tmp/gpufleet-ami/scripts/${s}"]
   }
@@ -28,7 +28,7 @@ build {
 
   provisioner "shell" {
     pause_before     = "30s"
-    environment_vars = ["GPUFLEET_CLOUD=${source.type == "amazon-ebs" ? "aws" : "azure"}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
+    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
     execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
     inline           = [for s in local.steps : "bash /tmp/gpufleet-ami/scripts/${s}"]
   }
@@ -41,7 +41,7 @@ build {
 
   provisioner "shell" {
     pause_before     = "30s"
-    environment_vars = ["GPUFLEET_CLOUD=${source.type == "amazon-ebs" ? "aws" : "azure"}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
+    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
     execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
     inline = concat([for s in local.steps_after_reboot : "bash /tmp/gpufleet-ami/scripts/${s}"],
     ["rm -rf /tmp/gpufleet-ami", "apt-get clean", "cloud-init clean --logs"])

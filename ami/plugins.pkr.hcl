@@ -11,5 +11,9 @@ packer {
       source  = "github.com/hashicorp/azure"
       version = ">= 2.1.0"
     }
+    tencentcloud = {
+      source  = "github.com/hashicorp/tencentcloud"
+      version = ">= 1.2.0"
+    }
   }
 }

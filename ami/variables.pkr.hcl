@@ -1,4 +1,4 @@
-# Inputs shared by the AWS and Azure builds, and the manifest every version comes from.
+# Inputs shared by the AWS, Azure and Tencent Cloud builds, and the manifest every version comes from.
 
 locals {
   # ONE source of versions: the scripts read the same file on the build machine (jq).
@@ -11,6 +11,8 @@ locals {
     { "gpufleet:image-version" = local.v.image_version, "gpufleet:ubuntu" = local.v.ubuntu.release }
   )
   image_tags = merge(var.tags, local.version_tags, { Name = local.image_name })
+  # The cloud each builder bakes for (GPUFLEET_CLOUD of the scripts).
+  cloud = { "amazon-ebs" = "aws", "azure-arm" = "azure", "tencentcloud-cvm" = "tencent" }
   # Provisioning order; "reboot" restarts the build machine between steps.
   steps_before_reboot = ["00-base.sh"]
   steps = ["01-kernel-hold.sh", "10-nvidia-driver.sh", "11-fabric-manager.sh", "12-cuda.sh", "20-efa.sh",

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Base packages and, on AWS, the latest updates (the build reboots afterwards; 01-kernel-hold.sh pins that kernel).
-# The Azure HPC image keeps its kernel: its drivers and OFED are built for it.
+# Base packages and, on AWS and Tencent Cloud, the latest updates (the build reboots afterwards; 01-kernel-hold.sh
+# pins that kernel). The Azure HPC image keeps its kernel: its drivers and OFED are built for it.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
 apt-get update -q
-if [ "$GPUFLEET_CLOUD" = aws ]; then
+if [ "$GPUFLEET_CLOUD" != azure ]; then
   apt-get -y -q -o Dpkg::Options::=--force-confold dist-upgrade
 fi
 apt_install jq curl ca-certificates gnupg build-essential dkms pciutils mdadm nvme-cli xfsprogs python3-venv

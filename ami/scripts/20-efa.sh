@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # AWS EFA installer (kernel module, libfabric with the efa provider, Open MPI), verified by sha256 and by
-# its GPG signature against the pinned key fingerprint. Azure uses the InfiniBand stack of its HPC image.
+# its GPG signature against the pinned key fingerprint. Azure uses the InfiniBand stack of its HPC image;
+# Tencent's GN10Xp/GN7/GT4 have no RDMA fabric (NCCL runs over TCP).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-if [ "$GPUFLEET_CLOUD" = azure ]; then
-  log "efa: not on azure (DOCA/MOFED InfiniBand comes with the Ubuntu-HPC base image)"
+if [ "$GPUFLEET_CLOUD" != aws ]; then
+  log "efa: not on $GPUFLEET_CLOUD (EFA is AWS's fabric)"
   exit 0
 fi
 version="$(manifest .efa_installer.version)"

@@ -4,8 +4,8 @@ set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-if [ "$GPUFLEET_CLOUD" = azure ]; then
-  log "aws-ofi-nccl: not on azure (NCCL uses InfiniBand verbs directly)"
+if [ "$GPUFLEET_CLOUD" != aws ]; then
+  log "aws-ofi-nccl: not on $GPUFLEET_CLOUD (Azure: InfiniBand verbs; Tencent: TCP sockets)"
   exit 0
 fi
 version="$(manifest .aws_ofi_nccl.version)"

@@ -5,8 +5,8 @@ set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
-if [ "$GPUFLEET_CLOUD" = azure ]; then
-  log "cloudwatch agent: not on azure (Azure Monitor agent is attached by the scale set)"
+if [ "$GPUFLEET_CLOUD" != aws ]; then
+  log "cloudwatch agent: not on $GPUFLEET_CLOUD (Azure Monitor's and Tencent Cloud Monitor's agents come with the nodes)"
   exit 0
 fi
 version="$(manifest .cloudwatch_agent.version)"

@@ -18,6 +18,11 @@ if [ "$GPUFLEET_CLOUD" = aws ]; then
   fi
   libs="$plugin_dir:/opt/amazon/efa/lib:/usr/local/cuda/lib64"
   stamp="efa-installer=$(manifest .efa_installer.version) aws-ofi-nccl=$(cat "$(manifest .aws_ofi_nccl.prefix)/VERSION") nccl=$(dpkg-query -W -f '${Version}' libnccl2)"
+elif [ "$GPUFLEET_CLOUD" = tencent ]; then
+  # No RDMA fabric on these families: NCCL's socket transport over the VPC network.
+  settings+=(NCCL_IB_DISABLE=1 "NCCL_SOCKET_IFNAME=eth0")
+  libs="/usr/local/cuda/lib64"
+  stamp="nccl=$(dpkg-query -W -f '${Version}' libnccl2) transport=socket"
 else
   settings+=(NCCL_IB_PCI_RELAXED_ORDERING=1 UCX_IB_PCI_RELAXED_ORDERING=on "NCCL_SOCKET_IFNAME=eth0")
   libs="/usr/local/cuda/lib64"

@@ -31,17 +31,24 @@ check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.v
 toolkit="$(nvidia-ctk --version | awk '/version/ {print $NF; exit}')"
 docker info --format '{{json .Runtimes}}' | grep -q nvidia || die "docker has no nvidia runtime"
 
-if [ "$GPUFLEET_CLOUD" = aws ]; then
+if [ "$GPUFLEET_CLOUD" != azure ]; then
   check nvidia_driver "$driver" "$(manifest .nvidia_driver.version)"
   check docker "$(dpkg-query -W -f '${Version}' "$(manifest .docker.package)")" "$(manifest .docker.version)"
   check nvidia_container_toolkit "$toolkit" "$(manifest .nvidia_container_toolkit.version)"
-  grep -q "Open Kernel Module" /proc/driver/nvidia/version || die "the loaded NVIDIA module is not the open kernel module"
   check fabric_manager "$(dpkg-query -W -f '${Version}' "nvidia-fabricmanager-$branch")" "$(manifest .fabric_manager.version)"
   check cuda "$(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" "$(manifest .cuda.version | cut -d. -f1-2)"
   check nccl "$(dpkg-query -W -f '${Version}' libnccl2)" "$(manifest .nccl.apt_pin)"
+  check dcgm "$(dpkg-query -W -f '${Version}' "$(manifest .dcgm.package)" | sed 's/^[0-9]*://')" "$(manifest .dcgm.version)"
+fi
+if [ "$GPUFLEET_CLOUD" = tencent ]; then
+  grep -q "Open Kernel Module" /proc/driver/nvidia/version && [ "$(manifest .tencent_base.kernel_module)" = proprietary ] &&
+    die "the loaded NVIDIA module is the open one; Tencent images carry the proprietary module (V100)"
+  apt-mark showhold | grep -qx "nvidia-driver-$branch" || die "the driver is not held"
+  record nccl_transport "socket (no RDMA fabric)"
+elif [ "$GPUFLEET_CLOUD" = aws ]; then
+  grep -q "Open Kernel Module" /proc/driver/nvidia/version || die "the loaded NVIDIA module is not the open kernel module"
   check efa_installer "$(sed -n 's/.*EFA installer version: \([0-9.]*\).*/\1/p' /opt/amazon/efa_installed_packages)" "$(manifest .efa_installer.version)"
   check aws_ofi_nccl "$(cat "$(manifest .aws_ofi_nccl.prefix)/VERSION")" "$(manifest .aws_ofi_nccl.version)"
-  check dcgm "$(dpkg-query -W -f '${Version}' "$(manifest .dcgm.package)" | sed 's/^[0-9]*://')" "$(manifest .dcgm.version)"
   check cloudwatch_agent "$(dpkg-query -W -f '${Version}' amazon-cloudwatch-agent)" "$(manifest .cloudwatch_agent.version)"
   /opt/amazon/efa/bin/fi_info --version >/dev/null || die "fi_info does not run"
   # The efa provider only lists when an EFA interface is attached (EFA-capable build instance).

@@ -127,6 +127,30 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "azure-native:network:PrivateDnsZoneGroup": ("privateDnsZoneGroupName", "privateEndpointName"),
     "azure-native:privatedns:PrivateZone": ("privateZoneName",),
     "azure-native:privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateZoneName", "virtualNetwork"),
+    # tencentcloud (tencentcloud-iac-pulumi 0.2): the Terraform provider's ForceNew arguments as far as known
+    # here (the Python SDK does not mark them); names a resource's API cannot change also replace.
+    "tencentcloud:Vpc/instance:Instance": ("cidrBlock",),
+    "tencentcloud:Subnet/instance:Instance": ("vpcId", "cidrBlock", "availabilityZone"),
+    "tencentcloud:Security/group:Group": ("projectId",),
+    "tencentcloud:Security/groupRuleSet:GroupRuleSet": ("securityGroupId",),
+    "tencentcloud:Cos/bucket:Bucket": ("bucket", "multiAz", "chdfsOfs"),
+    "tencentcloud:Cos/bucketPolicy:BucketPolicy": ("bucket",),
+    "tencentcloud:Kms/key:Key": ("keyUsage",),
+    "tencentcloud:Cam/role:Role": ("name",),
+    "tencentcloud:Cam/policy:Policy": ("name",),
+    "tencentcloud:Cam/group:Group": ("name",),
+    "tencentcloud:Cam/rolePolicyAttachment:RolePolicyAttachment": ("roleId", "policyId"),
+    "tencentcloud:As/scalingConfig:ScalingConfig": (),
+    "tencentcloud:As/scalingGroup:ScalingGroup": ("vpcId",),
+    "tencentcloud:As/lifecycleHook:LifecycleHook": ("scalingGroupId",),
+    "tencentcloud:Tcmq/queue:Queue": ("queueName",),
+    "tencentcloud:Cls/logset:Logset": (),
+    "tencentcloud:Cls/topic:Topic": ("logsetId",),
+    "tencentcloud:Monitor/alarmNotice:AlarmNotice": (),
+    "tencentcloud:Monitor/alarmPolicy:AlarmPolicy": ("monitorType", "namespace"),
+    "tencentcloud:Monitor/policyBindingObject:PolicyBindingObject": ("policyId", "dimensions"),
+    "tencentcloud:Billing/budget:Budget": (),
+    "tencentcloud:Scf/function:Function": ("name", "namespace"),
 }
 _AZURE_ALWAYS = ("resourceGroupName", "location")
 

@@ -22,7 +22,7 @@ def test_templates_as_shipped_pass_syntax_check(packer_dir):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_aws_and_azure_templates_validate(packer_dir, trainer_wheel_dir):
+def test_aws_azure_and_tencent_templates_validate(packer_dir, trainer_wheel_dir):
     _bundled_builder_view(packer_dir)
     result = packer(["validate", f"-var=trainer_wheel_dir={trainer_wheel_dir}", "."], packer_dir)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -49,6 +49,7 @@ def test_the_baked_wheel_must_exist(packer_dir, tmp_path):
     ("root_volume_gb=20", "root_volume_gb must be between 100"),
     ("aws_build_instance_type=m5.large", "aws_build_instance_type must be an NVIDIA GPU type"),
     ("azure_build_vm_size=Standard_D4s_v5", "azure_build_vm_size must be an N-series"),
+    ("tencent_build_instance_type=S5.LARGE8", "tencent_build_instance_type must be an NVIDIA GPU type"),
 ])
 def test_invalid_inputs_are_refused(packer_dir, trainer_wheel_dir, var, message):
     _bundled_builder_view(packer_dir)
@@ -94,6 +95,19 @@ def test_azure_publishes_to_a_gallery_from_ubuntu_hpc(packer_dir, manifest):
     assert console(packer_dir, "local.v.azure_hpc_base.sku").strip() == manifest["azure_hpc_base"]["sku"]
 
 
+def test_tencent_image_comes_from_ubuntu_with_the_proprietary_module_on_premium_disk(packer_dir, manifest):
+    text = (AMI / "tencent.pkr.hcl").read_text()
+    assert 'source "tencentcloud-cvm" "gpu"' in text
+    assert re.search(r"source_image_name\s*=\s*local\.v\.tencent_base\.image_name", text)
+    assert re.search(r'disk_type\s*=\s*"CLOUD_PREMIUM"', text) and re.search(r"run_tags\s*=\s*local\.image_tags", text)
+    assert manifest["tencent_base"]["image_name"].startswith(f"Ubuntu Server {manifest['ubuntu']['release']}")
+    assert manifest["tencent_base"]["kernel_module"] == "proprietary"  # V100 (Volta) has no open-module support
+    builds = (AMI / "build.pkr.hcl").read_text()
+    assert "source.tencentcloud-cvm.gpu" in builds
+    assert console(packer_dir, 'local.cloud["tencentcloud-cvm"]').strip() == "tencent"
+    assert builds.count("GPUFLEET_CLOUD=${local.cloud[source.type]}") == 3
+
+
 def test_templates_are_packer_formatted():
     result = packer(["fmt", "-check", "."], AMI)
     assert result.returncode == 0, f"packer fmt would change: {result.stdout}"
@@ -104,3 +118,4 @@ def test_plugin_file_holds_only_the_plugin_requirements():
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert re.findall(r"^(\w+)[^\n]*\{\s*$", code, re.MULTILINE) == ["packer"]  # one top-level block
     assert 'source  = "github.com/hashicorp/amazon"' in code and 'source  = "github.com/hashicorp/azure"' in code
+    assert 'source  = "github.com/hashicorp/tencentcloud"' in code

@@ -204,3 +204,33 @@ def test_systemd_accepts_the_units():
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if line.strip() and "is not executable: No such file or directory" not in line]
     assert problems == []
+
+
+@pytest.mark.parametrize("script, cloud, skipped", [
+    ("20-efa.sh", "tencent", "efa: not on tencent"), ("22-aws-ofi-nccl.sh", "tencent", "aws-ofi-nccl: not on tencent"),
+    ("31-cloudwatch-agent.sh", "tencent", "cloudwatch agent: not on tencent"),
+    ("20-efa.sh", "azure", "efa: not on azure"),
+])
+def test_aws_only_components_are_skipped_elsewhere(script, cloud, skipped):
+    require("jq")
+    result = bash(str(AMI / "scripts" / script), env={"GPUFLEET_CLOUD": cloud})
+    assert result.returncode == 0 and skipped in result.stderr, result.stderr
+
+
+def test_tencent_nccl_settings_use_sockets_without_rdma(tmp_path):
+    """60-nccl-env.sh on a tencent build, with dpkg-query stubbed and /etc/gpufleet redirected."""
+    require("jq")
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "dpkg-query").write_text("#!/bin/sh\necho 2.26.2-1+cuda12.8\n")
+    (stubs / "dpkg-query").chmod(0o755)
+    etc = tmp_path / "etc"
+    script = (AMI / "scripts" / "60-nccl-env.sh").read_text().replace("/etc/gpufleet", str(etc))
+    copy = tmp_path / "60-nccl-env.sh"
+    copy.write_text(script)
+    (tmp_path / "lib.sh").write_text(LIB.read_text())
+    result = bash(f"bash {copy}", env={"GPUFLEET_CLOUD": "tencent"}, path_prefix=f"{stubs}:")
+    assert result.returncode == 0, result.stderr
+    settings = (etc / "container.env").read_text().splitlines()[1:]
+    assert settings == ["NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=eth0"]
+    assert "LD_LIBRARY_PATH=/usr/local/cuda/lib64" in (etc / "nccl.env").read_text()

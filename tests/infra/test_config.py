@@ -21,7 +21,7 @@ def raw_dev(**overrides):
     return raw
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "azure"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "azure", "tencent"])
 def test_stack_files_validate(stack):
     raw, secrets = config.read_stack_file(ROOT / f"Pulumi.{stack}.yaml")
     cfg = config.parse(raw, stack, secrets)
@@ -212,3 +212,57 @@ def test_azure_scale_set_limits_are_config_errors(override, fragment):
     raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
     with pytest.raises(config.ConfigError, match=fragment):
         config.parse({**raw, **override}, "azure")
+
+
+def raw_tencent(**overrides):
+    raw, _ = config.read_stack_file(ROOT / "Pulumi.tencent.yaml")
+    return {**raw, **overrides}
+
+
+def test_tencent_prices_and_budget_are_in_cny_and_personal_data_stays_in_mainland_china():
+    cfg = config.parse(raw_tencent(), "tencent")
+    assert (cfg.cloud, cfg.region, cfg.currency, cfg.budget_monthly) == ("tencent", "ap-shanghai", "CNY", 300000)
+    assert cfg.effective_allowed_regions == config.MAINLAND_CHINA_REGIONS
+    assert "ap-hongkong" not in cfg.effective_allowed_regions
+    assert config.parse(raw_tencent(**{"gpufleet:dataClassification": "internal"}), "tencent").effective_allowed_regions == ()
+    assert cfg.image.name == "^gpufleet-gpu-" and cfg.image.id is None
+    dev = config.parse(raw_dev(), "dev")
+    assert (dev.currency, dev.budget_monthly) == ("USD", dev.budget_monthly_usd)
+
+
+TENCENT_CASES = [
+    ({"tencentcloud:region": "ap-singapore"}, "tencentcloud:region", "personal data must stay in: ap-beijing"),
+    ({"tencentcloud:region": "mars-1", "gpufleet:dataClassification": "internal"}, "tencentcloud:region",
+     "one of ap-guangzhou"),
+    ({"tencentcloud:region": None}, "tencentcloud:region", "e.g. ap-shanghai"),
+    ({"gpufleet:dataClassification": "phi"}, "gpufleet:dataClassification", "does not offer"),
+    ({"gpufleet:budgetMonthlyUsd": 1000}, "gpufleet:budgetMonthlyUsd", "set gpufleet:budgetMonthlyCny instead"),
+    ({"gpufleet:budgetMonthlyCny": None}, "gpufleet:budgetMonthlyCny", "in CNY"),
+    ({"gpufleet:instanceTypes": ["p5.48xlarge"]}, "gpufleet:instanceTypes", "allowed for tencent: GN10Xp.2XLARGE40"),
+    ({"gpufleet:image": {"id": "ami-0123456789abcdef0"}}, "gpufleet:image.id", "img-"),
+    ({"gpufleet:image": "img-0a1b2c3d"}, "gpufleet:image", "{id: img-...}"),
+    ({"gpufleet:alertEmails": ["ops@example.com"]}, "gpufleet:alertEmails", "CAM users and groups"),
+    ({"gpufleet:tags": {"qcloud:owner": "x"}}, "gpufleet:tags", "not starting with qcloud"),
+    ({"gpufleet:network": {"vpcId": "vpc-0123456789abcdef0", "subnetIds": ["subnet-1"]}}, "gpufleet:network",
+     "aws only"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,allowed", TENCENT_CASES, ids=[c[1] + ":" + c[2] for c in TENCENT_CASES])
+def test_bad_tencent_input_is_one_line(overrides, key, allowed):
+    raw = {k: v for k, v in raw_tencent(**overrides).items() if v is not None}
+    with pytest.raises(config.ConfigError) as info:
+        config.parse(raw, "tencent")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(key + ":") and allowed in message, message
+
+
+def test_budget_in_the_wrong_currency_is_refused_on_aws_too():
+    with pytest.raises(config.ConfigError, match=r"^gpufleet:budgetMonthlyCny: .*aws prices are in USD"):
+        config.parse(raw_dev(**{"gpufleet:budgetMonthlyCny": 20000}), "dev")
+
+
+def test_a_tencent_gang_runs_nccl_over_tcp_on_one_type():
+    cfg = config.parse(raw_tencent(**{"gpufleet:mode": "gang", "gpufleet:instanceTypes": ["GT4.41XLARGE948"],
+                                      "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}}), "tencent")
+    assert cfg.multi_node and not cfg.primary.rdma

@@ -90,7 +90,7 @@ def test_units_are_enabled_then_started_preflight_first():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"cloud": "gcp"}, "node.cloud: 'gcp' is not one of aws, azure"),
+    ({"cloud": "gcp"}, "node.cloud: 'gcp' is not one of aws, azure, tencent"),
     ({"mode": "batch"}, "node.mode: 'batch' is not one of queue, gang"),
     ({"instance_types": {}}, "node.instance_types"),
     ({"aws_secret_access_key": "x"}, "node.aws_secret_access_key: secrets do not belong in user-data"),
@@ -108,6 +108,9 @@ def test_missing_settings_are_named():
         render_user_data(node)
     with pytest.raises(ValueError, match="node.azure: missing client_id"):
         render_user_data({**AZURE_NODE, "azure": {"resource_group": "rg", "subscription_id": "s"}})
+    tencent = dict(_stack_nodes())["tencent"]
+    with pytest.raises(ValueError, match="node.tencent: missing role_name"):
+        render_user_data({**tencent, "tencent": {"app_id": "1250000000", "cos_endpoint": "https://cos"}})
 
 
 def test_aws_user_data_size_limit():
@@ -129,6 +132,11 @@ def _stack_nodes():
 
             node = node_settings(cfg, Names.of(stack), cfg.multi_node, f"gpufleet-{stack}-data",
                                  f"https://sqs.{cfg.region}.amazonaws.com/123456789012/gpufleet-{stack}-jobs")
+        elif cfg.cloud == "tencent":
+            from infra.tencent import derive
+
+            node = derive.node_settings(cfg, derive.Names.of(stack), bucket=f"gpufleet-{stack}-data-1250000000",
+                                        app_id="1250000000", log_topic="8e1e679e-d520-4efa-8266-0fc8e6986583")
         else:
             from infra.azure.derive import node_settings
 
@@ -141,7 +149,7 @@ def _stack_nodes():
 
 def test_every_stack_renders_valid_user_data(tmp_path):
     nodes = dict(_stack_nodes())
-    assert {"dev", "prod", "azure"} <= set(nodes)
+    assert {"dev", "prod", "azure", "tencent"} <= set(nodes)
     for stack, node in nodes.items():
         text = render_user_data(node)
         result = cloud_init_schema(text, tmp_path)

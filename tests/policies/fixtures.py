@@ -33,6 +33,10 @@ STACKS = {
     "azure": {"azure-native:location": "westeurope", "gpufleet:cloud": "azure", "gpufleet:mode": "queue",
               "gpufleet:instanceTypes": '["Standard_ND96asr_v4"]', "gpufleet:nodes": '{"min": 0, "desired": 0, "max": 4}',
               "gpufleet:spot": "true", "gpufleet:dataClassification": "personal", "gpufleet:budgetMonthlyUsd": "100000"},
+    "tencent": {"tencentcloud:region": "ap-shanghai", "gpufleet:cloud": "tencent", "gpufleet:mode": "queue",
+                "gpufleet:instanceTypes": '["GN10Xp.20XLARGE320"]',
+                "gpufleet:nodes": '{"min": 0, "desired": 0, "max": 4}', "gpufleet:spot": "true",
+                "gpufleet:dataClassification": "personal", "gpufleet:budgetMonthlyCny": "300000"},
 }
 
 
@@ -334,4 +338,72 @@ def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack
         "resourceGroupName": "gpufleet-azure-rg", "enabled": True, "targetResourceUri": "/subscriptions/x/vmss/nodes",
         "profiles": [{"name": "queue", "capacity": {"minimum": "0", "maximum": "4", "default": "0"}, "rules": []}],
         "tags": t}, deps={"targetResourceUri": [vmss]})
+    return s
+
+
+def _cam(statements: list[dict]) -> str:
+    return json.dumps({"version": "2.0", "statement": statements})
+
+
+def tencent_tls_policy(bucket: str) -> str:
+    resources = [f"qcs::cos:ap-shanghai:uid/1250000000:{bucket}/", f"qcs::cos:ap-shanghai:uid/1250000000:{bucket}/*"]
+    anyone = {"qcs": ["qcs::cam::anyone:anyone"]}
+    return _cam([{"principal": anyone, "effect": "deny", "action": ["name/cos:*"], "resource": resources,
+                  "condition": {"bool_equal": {"cos:secure-transport": "false"}}},
+                 {"principal": anyone, "effect": "deny", "action": ["name/cos:*"], "resource": resources,
+                  "condition": {"numeric_less_than": {"cos:tls-version": 1.2}}}])
+
+
+def tencent_queue(stack: str = "tencent", classification: str = "personal") -> Stack:
+    """The Tencent stack's shapes: a private KMS-encrypted logged bucket with TLS-only policies, a security
+    group admitting only itself, a CAM policy naming its resources, a spot launch configuration without a public
+    IP or data disks, and a group from zero with a terminate hook."""
+    s = Stack(stack)
+    t = tags(classification, stack)
+    key = s.add("tencentcloud:Kms/key:Key", "key", {"alias": "gpufleet", "keyUsage": "ENCRYPT_DECRYPT",
+                                                     "isEnabled": True, "keyRotationEnabled": True, "tags": t})
+    logs = s.add("tencentcloud:Cos/bucket:Bucket", "access-logs", {
+        "bucket": "gpufleet-tencent-logs-1250000000", "acl": "private", "encryptionAlgorithm": "AES256",
+        "versioningEnable": True, "tags": t})
+    data = s.add("tencentcloud:Cos/bucket:Bucket", "data", {
+        "bucket": "gpufleet-tencent-data-1250000000", "acl": "private", "encryptionAlgorithm": "KMS",
+        "kmsId": "6b42dc33-a065-4ef2-854b-20cd8c4aa87f", "versioningEnable": True, "logEnable": True,
+        "logTargetBucket": "gpufleet-tencent-logs-1250000000", "logPrefix": "data/", "tags": t},
+        deps={"kmsId": [key], "logTargetBucket": [logs]})
+    for name, bucket in (("data-policy", data), ("access-logs-policy", logs)):
+        s.add("tencentcloud:Cos/bucketPolicy:BucketPolicy", name, {
+            "bucket": bucket["inputs"]["bucket"], "policy": tencent_tls_policy(bucket["inputs"]["bucket"])},
+            deps={"bucket": [bucket], "policy": [bucket]})
+    s.add("tencentcloud:Vpc/instance:Instance", "vpc", {"cidrBlock": "10.72.0.0/16", "tags": t})
+    sg = s.add("tencentcloud:Security/group:Group", "nodes-sg", {"description": "GPU nodes", "tags": t})
+    s.add("tencentcloud:Security/groupRuleSet:GroupRuleSet", "nodes-rules", {
+        "securityGroupId": "sg-zr5s9g2e",
+        "ingresses": [{"action": "ACCEPT", "protocol": "ALL", "port": "ALL", "sourceSecurityId": "sg-zr5s9g2e"},
+                      {"action": "DROP", "protocol": "ALL", "port": "ALL", "cidrBlock": "0.0.0.0/0"}],
+        "egresses": [{"action": "ACCEPT", "protocol": "TCP", "port": "80,443", "cidrBlock": "0.0.0.0/0"}]},
+        deps={"securityGroupId": [sg], "ingresses": [sg]})
+    s.add("tencentcloud:Cam/role:Role", "node-role", {"name": "gpufleet-tencent-nodes", "document": _cam([
+        {"action": ["name/sts:AssumeRole"], "effect": "allow", "principal": {"service": ["cvm.qcloud.com"]}}]),
+        "tags": t})
+    s.add("tencentcloud:Cam/policy:Policy", "node-policy", {"name": "gpufleet-tencent-nodes", "document": _cam([
+        {"effect": "allow", "action": ["name/cos:GetObject", "name/cos:PutObject"],
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]},
+        {"effect": "allow", "action": ["name/tdmq:ReceiveMessage"],
+         "resource": ["qcs::tdmq:ap-shanghai:uin/100000000001:queue/gpufleet-tencent-jobs"]}])},
+        deps={"document": [data]})
+    config = s.add("tencentcloud:As/scalingConfig:ScalingConfig", "node", {
+        "configurationName": "gpufleet-tencent-node", "instanceTypes": ["GN10Xp.20XLARGE320"],
+        "imageId": "img-1a2b3c4d", "systemDiskType": "CLOUD_PREMIUM", "systemDiskSize": 200,
+        "publicIpAssigned": False, "internetMaxBandwidthOut": 0, "camRoleName": "gpufleet-tencent-nodes",
+        "instanceChargeType": "SPOTPAID", "spotInstanceType": "one-time", "spotMaxPrice": "162.80",
+        "securityGroupIds": ["sg-zr5s9g2e"], "instanceTags": t, "tags": t},
+        deps={"securityGroupIds": [sg]})
+    group = s.add("tencentcloud:As/scalingGroup:ScalingGroup", "nodes", {
+        "scalingGroupName": "gpufleet-tencent-nodes", "configurationId": "asc-ps9pcdv4", "minSize": 0,
+        "maxSize": 4, "desiredCapacity": 0, "vpcId": "vpc-ohdqtqwt", "subnetIds": ["subnet-1", "subnet-2"],
+        "tags": t}, deps={"configurationId": [config]})
+    s.add("tencentcloud:As/lifecycleHook:LifecycleHook", "checkpoint", {
+        "scalingGroupId": "asg-93u1srs4", "lifecycleHookName": "checkpoint", "lifecycleTransition": "INSTANCE_TERMINATING",
+        "defaultResult": "CONTINUE", "heartbeatTimeout": 600}, deps={"scalingGroupId": [group]})
+    s.add("tencentcloud:Tcmq/queue:Queue", "jobs", {"queueName": "gpufleet-tencent-jobs", "visibilityTimeout": 10800})
     return s

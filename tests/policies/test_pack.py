@@ -11,7 +11,7 @@ from infra.preview.analyzer import PackError, PolicyPack
 from tests.policies import fixtures as f
 from tests.policies.conftest import names
 
-NAME = re.compile(r"^(aws|azure)-[a-z0-9]+-[a-z0-9]+-[a-z0-9-]+$")
+NAME = re.compile(r"^(aws|azure|tencent)-[a-z0-9]+-[a-z0-9]+-[a-z0-9-]+$")
 
 
 def test_analyzer_info_describes_every_policy(packs):
@@ -23,7 +23,8 @@ def test_analyzer_info_describes_every_policy(packs):
         assert NAME.match(p["name"]), p["name"]
         assert p["description"].endswith(".") and p["description"].count(". ") == 0, p["name"]
         assert p["severity"] in ("low", "medium", "high", "critical")
-        assert p["frameworks"] and set(p["frameworks"]) <= {"CIS", "HIPAA", "GDPR", "gpufleet-gpu", "gpufleet-cost"}
+        assert p["frameworks"] and set(p["frameworks"]) <= {"CIS", "HIPAA", "GDPR", "PIPL", "gpufleet-gpu",
+                                                            "gpufleet-cost"}
         assert len(p["remediation"]) > 20
     by_name = {p["name"]: p for p in policies}
     # Security is mandatory by default, hygiene and cost advisory.

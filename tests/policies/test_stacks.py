@@ -30,7 +30,7 @@ def mandatory(doc: dict) -> set[str]:
     return {v["policy"] for v in doc["policy"]["violations"] if v["level"] == "mandatory"}
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "azure"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "azure", "tencent"])
 def test_shipped_stack_has_no_mandatory_violation(tmp_path, stack):
     code, doc = preview(tmp_path, "--stack", stack)
     assert mandatory(doc) == set(), [(v["policy"], v["message"]) for v in doc["policy"]["violations"]]

@@ -15,7 +15,7 @@ from tests.policies import fixtures as f
 from tests.policies.conftest import names
 
 BUILD = {"prod": f.aws_gang, "dev": f.aws_queue, "phi": lambda: f.aws_gang("phi", "phi"),
-         "azure": f.azure_queue, "azure-phi": lambda: f.azure_queue("azure-phi", "phi")}
+         "azure": f.azure_queue, "azure-phi": lambda: f.azure_queue("azure-phi", "phi"), "tencent": f.tencent_queue}
 
 
 @dataclass
@@ -116,6 +116,19 @@ def tag_free_with_default_tags(s: f.Stack) -> None:
 
 def no_tags(name: str) -> Callable[[f.Stack], None]:
     return pop(name, "tags")
+
+
+def tencent_abroad(s: f.Stack) -> None:
+    """A bucket of the personal-data stack through a provider in Singapore."""
+    provider = s.add("pulumi:providers:tencentcloud", "sg", {"region": "ap-singapore"})
+    s.add("tencentcloud:Cos/bucket:Bucket", "replica", {
+        "bucket": "gpufleet-tencent-replica-1250000000", "acl": "private", "encryptionAlgorithm": "KMS",
+        "kmsId": "key-1", "versioningEnable": True, "logEnable": True, "logTargetBucket": "logs",
+        "tags": f.tags("personal", "tencent")}, provider=provider)
+    s.add("tencentcloud:Cos/bucketPolicy:BucketPolicy", "replica-policy", {
+        "bucket": "gpufleet-tencent-replica-1250000000",
+        "policy": f.tencent_tls_policy("gpufleet-tencent-replica-1250000000")},
+        deps={"bucket": [s.get("replica")]}, provider=provider)
 
 
 AZ_SA, AZ_VMSS = "data", "nodes"
@@ -427,6 +440,65 @@ CASES = [
          ("aws-any-resource-cost-tags",), on="jobs", level="advisory"),
     Case("cost-tags-from-provider", "dev", tag_free_with_default_tags),
     Case("cost-tags-azure", "azure", no_tags("nodes-nsg"), ("azure-any-resource-cost-tags",), on="nodes-nsg",
+         level="advisory"),
+    # --- Tencent ------------------------------------------------------------------------------------------
+    Case("tc-public-read", "tencent", edit("data", acl="public-read"), ("tencent-cos-bucket-private",), on="data"),
+    Case("tc-acl-body-all-users", "tencent", edit("data", aclBody="<Grant><URI>http://cam.qcloud.com/groups/global/"
+                                                               "AllUsers</URI></Grant>"),
+         ("tencent-cos-bucket-private",), on="data"),
+    Case("tc-log-bucket-unencrypted", "tencent", pop("access-logs", "encryptionAlgorithm"), ("tencent-cos-bucket-sse",),
+         on="access-logs"),
+    Case("tc-personal-sse-cos", "tencent", edit("data", encryptionAlgorithm="AES256"),
+         ("tencent-cos-bucket-personal-kms",), on="data"),
+    Case("tc-internal-sse-cos", "tencent", edit("data", encryptionAlgorithm="AES256",
+                                                 tags=f.tags("internal", "tencent"))),
+    Case("tc-versioning-off", "tencent", edit("data", versioningEnable=False), ("tencent-cos-bucket-versioning",),
+         on="data", level="advisory"),
+    Case("tc-tls-policy-missing", "tencent", drop("data-policy"), ("tencent-cos-bucket-tls-only",), on="data"),
+    Case("tc-tls-policy-allows-http", "tencent", edit("data-policy", policy=json.dumps({"version": "2.0", "statement": [
+        json.loads(f.tencent_tls_policy("gpufleet-tencent-data-1250000000"))["statement"][1]]})),
+         ("tencent-cos-bucket-tls-only",), on="data"),
+    Case("tc-no-access-logs", "tencent", pop("data", "logEnable"), ("tencent-cos-bucket-access-logging",), on="data"),
+    Case("tc-public-ip", "tencent", edit("node", publicIpAssigned=True), ("tencent-cvm-node-no-public-ip",), on="node"),
+    Case("tc-internet-bandwidth", "tencent", edit("node", internetMaxBandwidthOut=10),
+         ("tencent-cvm-node-no-public-ip",), on="node"),
+    Case("tc-world-ssh", "tencent", set_path("nodes-rules", ("ingresses", 0),
+                                             {"action": "ACCEPT", "protocol": "TCP", "port": "22",
+                                              "cidrBlock": "0.0.0.0/0"}),
+         ("tencent-vpc-securitygroup-no-world-inbound",), on="nodes-rules"),
+    Case("tc-world-lite-rule", "tencent", add("tencentcloud:Security/groupLiteRule:GroupLiteRule", "jupyter", {
+        "securityGroupId": "sg-zr5s9g2e", "ingresses": ["ACCEPT#0.0.0.0/0#8888#TCP"]}),
+         ("tencent-vpc-securitygroup-no-world-inbound",), on="jupyter"),
+    Case("tc-cam-service-wildcard", "tencent", edit("node-policy", document=json.dumps({"version": "2.0", "statement": [
+        {"effect": "allow", "action": ["name/cos:*"],
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]}]})),
+         ("tencent-cam-policy-no-wildcards",), on="node-policy"),
+    Case("tc-cam-any-resource", "tencent", edit("node-policy", document=json.dumps({"version": "2.0", "statement": [
+        {"effect": "allow", "action": ["name/cvm:DescribeInstances"], "resource": ["*"]}]})),
+         ("tencent-cam-policy-no-wildcards",), on="node-policy"),
+    Case("tc-cam-operation-level-listed", "tencent", edit("node-policy", document=json.dumps({
+        "version": "2.0", "statement": [{"effect": "allow", "action": ["name/cvm:DescribeInstances"],
+                                         "resource": ["*"]}]})),
+         policy_config={"tencent-cam-policy-no-wildcards": {"operationLevelActions": ["name/cvm:DescribeInstances"]}}),
+    Case("tc-data-disk", "tencent", edit("node", dataDisks=[{"diskType": "CLOUD_SSD", "diskSize": 500}]),
+         ("tencent-cvm-disk-encrypted",), on="node"),
+    Case("tc-cbs-plain", "tencent", add("tencentcloud:Cbs/storage:Storage", "scratch", {
+        "storageType": "CLOUD_SSD", "storageSize": 500, "availabilityZone": "ap-shanghai-2",
+        "tags": f.tags("personal", "tencent")}), ("tencent-cvm-disk-encrypted",), on="scratch"),
+    Case("tc-key-not-rotated", "tencent", edit("key", keyRotationEnabled=False), ("tencent-kms-key-rotation",),
+         on="key"),
+    Case("tc-personal-abroad", "tencent", tencent_abroad, ("tencent-any-resource-pipl-region",), on="replica"),
+    Case("tc-spot-no-terminate-hook", "tencent", drop("checkpoint"), ("tencent-as-group-spot-terminate-hook",),
+         on="nodes"),
+    Case("tc-on-demand-no-hook", "tencent", both(drop("checkpoint"), edit("node", instanceChargeType="POSTPAID_BY_HOUR"),
+                                                 edit("nodes", maxSize=2))),
+    Case("tc-queue-floor", "tencent", edit("nodes", minSize=1), ("tencent-as-group-queue-scale-to-zero",), on="nodes",
+         level="advisory"),
+    Case("tc-gpu-quota", "tencent", edit("nodes", maxSize=10),
+         ("tencent-as-group-gpu-quota", "tencent-as-group-monthly-ceiling"), on="nodes"),
+    Case("tc-monthly-ceiling", "tencent", nothing, ("tencent-as-group-monthly-ceiling",), on="nodes", level="advisory",
+         policy_config={"tencent-as-group-monthly-ceiling": {"monthlyCeilingCny": 10000}}),
+    Case("tc-cost-tags", "tencent", no_tags("nodes-sg"), ("tencent-any-resource-cost-tags",), on="nodes-sg",
          level="advisory"),
 ]
 

@@ -122,3 +122,22 @@ def test_azure_stack_prices_the_os_disk_tier():
 def test_node_month_splits_at_the_base(count, base, expected):
     month = cost.node_month(count, base, od_hour=2.0, spot_hour=1.0, disk_month=5.0)
     assert month["spot_usd"] == pytest.approx(expected)
+
+
+def test_tencent_stack_is_priced_in_cny_against_a_cny_budget():
+    raw = {"tencentcloud:region": "ap-shanghai", "gpufleet:cloud": "tencent", "gpufleet:mode": "queue",
+           "gpufleet:instanceTypes": ["GN10Xp.20XLARGE320"], "gpufleet:nodes": {"min": 0, "desired": 1, "max": 2},
+           "gpufleet:spot": True, "gpufleet:dataClassification": "internal", "gpufleet:budgetMonthlyCny": 100000,
+           "gpufleet:image": {"id": "img-0a1b2c3d"}}
+    est = cost.estimate(parse(raw, "tc"))
+    assert (est["currency"], est["price_region"]) == ("CNY", "ap-guangzhou")
+    assert catalog.CATALOG["GN10Xp.20XLARGE320"].price_hour == 162.80     # CNY/h
+    assert catalog.CATALOG["GN10Xp.20XLARGE320"].spot_price_hour == 56.98  # 162.80 x 0.35
+    assert est["node_disk"] == {"item": "system disk 200 GB Premium Cloud Disk", "usd_month": 70.0}  # 200 x 0.35
+    assert est["fixed"] == [{"item": "KMS customer master key", "quantity": 1, "usd_month_each": 3.0,
+                             "monthly_usd": 3.0}]
+    # desired 1 on spot: 56.98 x 730 + 70 + 3 = 41668.40; max 2: 83190.80 + 140 + 3 = 83333.80 (on-demand 237828.0)
+    assert est["monthly_usd"] == {"min": 3.0, "desired": 41668.40, "max": 83333.80}
+    assert est["rows"]["max"]["on_demand_usd"] == 237828.0
+    assert est["budget"] == {"monthly_usd": 100000.0, "within_at_desired": True, "within_at_max": True,
+                             "headroom_at_max_usd": 16666.20, "used_at_max_pct": 83.3}

@@ -114,10 +114,14 @@ def test_replace_table_for_azure_vnet_and_nested_paths():
 
 
 def _sdk_class(token: str):
-    """The SDK class of a type token: aws:s3/bucket:Bucket -> pulumi_aws.s3.Bucket."""
+    """The SDK class of a type token: aws:s3/bucket:Bucket -> pulumi_aws.s3.Bucket,
+    tencentcloud:As/scalingGroup:ScalingGroup -> tencentcloud_iac_pulumi.as_.ScalingGroup."""
     package, module, name = token.split(":")
-    sdk = {"aws": "pulumi_aws", "azure-native": "pulumi_azure_native"}[package]
-    return getattr(importlib.import_module(f"{sdk}.{module.split('/')[0]}"), name)
+    sdk = {"aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tencentcloud": "tencentcloud_iac_pulumi"}[package]
+    module = module.split("/")[0]
+    if package == "tencentcloud":
+        module = "as_" if module == "As" else module.lower()
+    return getattr(importlib.import_module(f"{sdk}.{module}"), name)
 
 
 @pytest.mark.parametrize("token", sorted(diff.REPLACE_ON))

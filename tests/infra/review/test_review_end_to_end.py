@@ -32,7 +32,7 @@ def azure() -> dict:
     return _preview("azure")
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod", "azure"])
+@pytest.mark.parametrize("stack", ["dev", "prod", "azure", "tencent"])
 def test_every_resource_type_of_the_stacks_has_a_replacement_rule(stack, dev, azure):
     doc = {"dev": dev, "azure": azure}.get(stack) or _preview(stack)
     types = {r["type"] for r in doc["resources"] if r["custom"] and not r["type"].startswith("pulumi:providers:")}
@@ -57,6 +57,23 @@ def test_cost_model_counts_what_the_aws_stacks_create(stack, dev):
     (template,) = _inputs(doc, "aws:ec2/launchTemplate:LaunchTemplate")
     (root,) = template["blockDeviceMappings"]
     assert (root["ebs"]["volumeSize"], root["ebs"]["volumeType"]) == (cost.AWS_ROOT_VOLUME_GIB, "gp3")
+
+
+def test_cost_model_of_the_tencent_stack_is_in_cny_and_counts_what_it_creates(tmp_path):
+    doc = _preview("tencent")
+    cost_doc = doc["cost"]
+    assert (cost_doc["currency"], cost_doc["price_region"]) == ("CNY", "ap-guangzhou")
+    (node,) = _inputs(doc, "tencentcloud:As/scalingConfig:ScalingConfig")
+    assert (node["systemDiskSize"], node["systemDiskType"]) == (cost.TENCENT_SYSTEM_DISK_GB, "CLOUD_PREMIUM")
+    fixed = {f["item"]: f["quantity"] for f in cost_doc["fixed"]}
+    assert fixed == {"KMS customer master key": len(_inputs(doc, "tencentcloud:Kms/key:Key"))}
+    (budget,) = _inputs(doc, "tencentcloud:Billing/budget:Budget")
+    assert float(budget["budgetQuota"]) == cost_doc["budget"]["monthly_usd"] == 300000
+    text = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "tencent", "--format", "markdown"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "List prices in CNY of ap-guangzhou" in text.stdout and "$" not in text.stdout.split("### Resources")[0]
+    assert f"budget ¥{300000:,.2f}/month" in text.stdout
 
 
 def test_cost_model_os_disk_matches_the_azure_scale_set(azure):
