@@ -16,7 +16,7 @@ from trainer.loop.config import TrainConfig
 from trainer.loop.data import build_dataset, build_model, default_workers, stdlib_sources
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.storage import LocalStore
-from trainer.loop.train import lr_factor, precision_plan
+from trainer.loop.train import lr_factor, native_bf16, precision_plan
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
@@ -184,3 +184,17 @@ def test_stop_notice_survives_a_second_signal_at_any_point_of_the_first():
     worker.join(timeout=20)
     assert not worker.is_alive(), f"set() deadlocked when interrupted at line {sorted(lines - set(done))}"
     assert done and set(done) == lines
+
+
+def test_emulated_bf16_is_not_bf16_support(monkeypatch):
+    """A V100 (Tencent GN10Xp) answers torch's default bf16 check with yes, by emulation; train must use fp16."""
+    seen = []
+
+    def is_bf16_supported(including_emulation=True):  # torch's answers on a Volta GPU
+        seen.append(including_emulation)
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert native_bf16(torch.device("cuda", 0)) is False and seen == [False]
+    assert native_bf16(torch.device("cpu")) is False
+    assert precision_plan("bf16", "cuda", native_bf16(torch.device("cuda", 0))) == (torch.float16, True)

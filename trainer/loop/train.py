@@ -74,6 +74,12 @@ def precision_plan(precision: str, device_type: str, bf16_supported: bool) -> tu
     return torch.float16, True
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether the GPU computes bf16 in hardware (Ampere or newer). torch's default check also says yes where
+    bf16 tensors merely exist by emulation (a V100): that is not bf16 support for training."""
+    return device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def lr_factor(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
     """Multiplier of the peak LR for 0-based step: linear warmup, then cosine decay to `floor`."""
     if step < warmup:
@@ -270,8 +276,7 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
         torch.backends.cudnn.allow_tf32 = True
     model = build_model(cfg)
     dataset = build_dataset(cfg, model)
-    amp_dtype, use_scaler = precision_plan(
-        cfg.precision, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    amp_dtype, use_scaler = precision_plan(cfg.precision, device.type, native_bf16(device))
     if cfg.precision == "bf16" and amp_dtype != torch.bfloat16:
         if cfg.parallel == "fsdp":
             raise UsageError("--precision bf16: this GPU has no bf16, and --parallel fsdp does not do fp16; "

@@ -20,7 +20,7 @@ SCHEMA = {
     "type": "object",
     "required": ["stack", "cloud", "config", "resources", "outputs", "policy", "cost"],
     "properties": {
-        "stack": {"type": "string"}, "cloud": {"enum": ["aws", "azure"]}, "config": {"type": "object"},
+        "stack": {"type": "string"}, "cloud": {"enum": ["aws", "azure", "tencent"]}, "config": {"type": "object"},
         "resources": {"type": "array", "minItems": 1, "items": {
             "type": "object",
             "required": ["type", "name", "urn", "parent", "inputs", "id", "custom", "provider",

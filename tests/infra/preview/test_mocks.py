@@ -172,3 +172,42 @@ def test_registry_answers_like_ecr_and_acr():
     group_id, _ = new("azure-native:network:PrivateDnsZoneGroup", "g", privateDnsZoneGroupName="registry",
                       privateEndpointName="acr", resourceGroupName="gpu")
     assert group_id == f"{pe_id}/privateDnsZoneGroups/registry"
+T = PreviewMocks("tencent", "ap-shanghai")
+
+
+@pytest.mark.parametrize("typ, inputs, id_re", [
+    ("tencentcloud:Vpc/instance:Instance", {}, r"vpc-[0-9a-z]{8}"),
+    ("tencentcloud:Subnet/instance:Instance", {}, r"subnet-[0-9a-z]{8}"),
+    ("tencentcloud:Security/group:Group", {}, r"sg-[0-9a-z]{8}"),
+    ("tencentcloud:As/scalingConfig:ScalingConfig", {}, r"asc-[0-9a-z]{8}"),
+    ("tencentcloud:As/scalingGroup:ScalingGroup", {}, r"asg-[0-9a-z]{8}"),
+    ("tencentcloud:As/lifecycleHook:LifecycleHook", {}, r"ash-[0-9a-z]{8}"),
+    ("tencentcloud:Tcmq/queue:Queue", {"queueName": "jobs"}, r"queue-[0-9a-z]{8}"),
+    ("tencentcloud:Cam/role:Role", {"name": "nodes"}, r"4611686\d{12}"),
+    ("tencentcloud:Cam/policy:Policy", {}, r"\d{9}"),
+    ("tencentcloud:Kms/key:Key", {}, r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-8[0-9a-f]{3}-[0-9a-f]{12}"),
+    ("tencentcloud:Cos/bucket:Bucket", {"bucket": "data-1250000000"}, r"data-1250000000"),
+    ("tencentcloud:Cos/bucket:Bucket", {}, r"q-[0-9a-f]{7}-1250000000"),
+    ("tencentcloud:Monitor/alarmNotice:AlarmNotice", {}, r"notice-[0-9a-f-]{36}"),
+    ("tencentcloud:Scf/function:Function", {"name": "scaler"}, r"default\+scaler"),
+    ("tencentcloud:Cvm/hpcCluster:HpcCluster", {}, r"cvm-[0-9a-z]{8}"),  # any other type: its module's prefix
+])
+def test_tencent_resources_get_tencent_id_shapes(typ, inputs, id_re):
+    rid, state = T.new_resource(MockResourceArgs(typ=typ, name="q", inputs=inputs, custom=True))
+    assert re.fullmatch(id_re, rid), rid
+    assert T.new_resource(MockResourceArgs(typ=typ, name="q", inputs=inputs, custom=True))[0] == rid
+
+
+def test_tencent_invokes_answer_the_account_zones_and_images():
+    def tcall(token, **args):
+        return T.call(MockCallArgs(token=token, args=args, provider=""))
+
+    me = tcall("tencentcloud:User/getInfo:getInfo")
+    assert (me["appId"], me["ownerUin"]) == ("1250000000", "100000000001")
+    types = tcall("tencentcloud:Instance/getTypes:getTypes",
+                  filters=[{"name": "instance-family", "values": ["GN10Xp"]}])["instanceTypes"]
+    assert {t["instanceType"] for t in types} == {"GN10Xp.2XLARGE40", "GN10Xp.5XLARGE80", "GN10Xp.10XLARGE160",
+                                                  "GN10Xp.20XLARGE320"}
+    assert {t["availabilityZone"] for t in types} == {"ap-shanghai-2", "ap-shanghai-3", "ap-shanghai-4"}
+    (image,) = tcall("tencentcloud:Images/getInstance:getInstance", imageNameRegex="^gpufleet-gpu-")["images"]
+    assert re.fullmatch(r"img-[0-9a-z]{8}", image["imageId"]) and image["imageName"].startswith("gpufleet-gpu-")

@@ -130,3 +130,31 @@ def test_the_pulumi_host_entry_registers_what_the_preview_shows(doc):
                                   secret_keys=secrets, mocks=PreviewMocks(doc["stack"], doc["config"]["region"]))
     assert captured.resources == doc["resources"]
     assert captured.outputs == doc["outputs"]
+
+
+def test_tencent_stack_resolves_tencent_ids_and_previews_offline():
+    raw, secrets = config.read_stack_file(REPO / "Pulumi.tencent.yaml")
+    doc = runner.preview(raw, secrets, "tencent")
+    jsonschema.validate(doc, SCHEMA)
+    assert runner.UNKNOWN not in json.dumps(doc)
+    components = {r["type"] for r in doc["resources"] if not r["custom"] and r["type"] != runner.STACK_TYPE}
+    assert components and all(t.startswith("gpufleet:tencent:") for t in components)
+    shapes = {"tencentcloud:Vpc/instance:Instance": r"vpc-[0-9a-z]{8}", "tencentcloud:Subnet/instance:Instance":
+              r"subnet-[0-9a-z]{8}", "tencentcloud:Security/group:Group": r"sg-[0-9a-z]{8}",
+              "tencentcloud:As/scalingGroup:ScalingGroup": r"asg-[0-9a-z]{8}",
+              "tencentcloud:As/scalingConfig:ScalingConfig": r"asc-[0-9a-z]{8}",
+              "tencentcloud:Tcmq/queue:Queue": r"queue-[0-9a-z]{8}", "tencentcloud:Cam/role:Role": r"4611686\d{12}",
+              "tencentcloud:Cos/bucket:Bucket": r"gpufleet-tencent-(data|logs)-1250000000"}
+    for typ, shape in shapes.items():
+        found = of_type(doc, typ)
+        assert found and all(re.fullmatch(shape, r["id"]) for r in found), (typ, [r["id"] for r in found])
+    [group] = of_type(doc, "tencentcloud:As/scalingGroup:ScalingGroup")
+    [config_] = of_type(doc, "tencentcloud:As/scalingConfig:ScalingConfig")
+    assert config_["id"] == group["inputs"]["configurationId"] and config_["urn"] in group["dependencies"]
+    assert doc["cost"]["currency"] == "CNY" and runner.mandatory_violations(doc) == []
+    # What `make preview STACK=tencent` runs.
+    proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "tencent", "--format", "table"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Stack tencent (tencent, ap-shanghai): queue mode")
+    assert "Cost per month in CNY" in proc.stdout
