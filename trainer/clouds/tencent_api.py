@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 
 METADATA = "http://metadata.tencentyun.com"
 METADATA_ENDPOINT = "TENCENTCLOUD_METADATA_ENDPOINT"   # gpufleet's pointer to a metadata service (tests: a fake)
-REFRESH_MARGIN_S = 300
+REFRESH_MARGIN_S = 900   # past botocore's 15-minute advisory refresh window, so its refresh gets a new key
 CMQ_PATH = "/v2/index.php"
 
 
