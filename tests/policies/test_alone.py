@@ -20,7 +20,7 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"
 
 def tags(stack: str) -> dict:
     classification = {"prod": "personal", "dev": "internal", "phi": "phi", "azure": "personal",
-                      "azure-phi": "phi"}[stack]
+                      "azure-phi": "phi", "tencent": "personal"}[stack]
     return f.tags(classification, stack)
 
 
@@ -32,6 +32,7 @@ class Alone:
     inputs: dict
     verdicts: frozenset[str]          # exactly the policies that report
     policy_config: Optional[dict] = field(default=None)
+    provider: Optional[dict] = field(default=None)   # inputs of an explicit provider the subject is created with
 
 
 def _doc(*statements: dict) -> str:
@@ -94,6 +95,32 @@ def acr(**overrides) -> dict:
     return {**values, **overrides}
 
 
+def cos(**overrides) -> dict:
+    values = {"bucket": "gpufleet-tencent-data-1250000000", "acl": "private", "encryptionAlgorithm": "KMS",
+              "kmsId": "6b42dc33-a065-4ef2-854b-20cd8c4aa87f", "versioningEnable": True, "logEnable": True,
+              "logTargetBucket": "gpufleet-tencent-logs-1250000000", "logPrefix": "data/", "tags": tags("tencent")}
+    return {k: v for k, v in {**values, **overrides}.items() if v is not None}
+
+
+def scaling_config(**overrides) -> dict:
+    values = {"configurationName": "gpufleet-tencent-node", "instanceTypes": ["GN10Xp.20XLARGE320"],
+              "imageId": "img-1a2b3c4d", "systemDiskType": "CLOUD_PREMIUM", "systemDiskSize": 200,
+              "publicIpAssigned": False, "internetMaxBandwidthOut": 0, "camRoleName": "gpufleet-tencent-nodes",
+              "instanceChargeType": "SPOTPAID", "spotInstanceType": "one-time", "spotMaxPrice": "162.80",
+              "securityGroupIds": ["sg-zr5s9g2e"], "instanceTags": tags("tencent"), "tags": tags("tencent")}
+    return {**values, **overrides}
+
+
+def tc_key(**overrides) -> dict:
+    values = {"alias": "gpufleet", "keyUsage": "ENCRYPT_DECRYPT", "isEnabled": True, "keyRotationEnabled": True,
+              "tags": tags("tencent")}
+    return {**values, **overrides}
+
+
+def _cam(*statements: dict) -> str:
+    return json.dumps({"version": "2.0", "statement": list(statements)})
+
+
 BUCKET = "aws:s3/bucket:Bucket"
 ECR = "aws:ecr/repository:Repository"
 ACR = "azure-native:containerregistry:Registry"
@@ -108,6 +135,11 @@ ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 SA = "azure-native:storage:StorageAccount"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 NSG = "azure-native:network:NetworkSecurityGroup"
+COS = "tencentcloud:Cos/bucket:Bucket"
+TC_SCALING_CONFIG = "tencentcloud:As/scalingConfig:ScalingConfig"
+TC_SCALING_GROUP = "tencentcloud:As/scalingGroup:ScalingGroup"
+TC_KMS_KEY = "tencentcloud:Kms/key:Key"
+NO_TLS_POLICY = "tencent-cos-bucket-tls-only"   # a bucket alone has no bucket policy denying plain HTTP
 PHI_WITHOUT_VPC = "aws-ec2-vpc-flow-logs"   # a phi stack with AWS resources and no VPC declares no flow log
 
 
@@ -271,13 +303,53 @@ ALONE = [
     Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY}, one("aws-any-resource-cost-tags")),
     Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
           one("azure-any-resource-cost-tags")),
+    # --- Tencent: a bucket alone also lacks its TLS-only bucket policy -----------------------------------
+    Alone("tencent-cos-bucket-private", "tencent", COS, cos(acl="public-read"),
+          one("tencent-cos-bucket-private", NO_TLS_POLICY)),
+    Alone("tencent-cos-bucket-sse", "tencent", COS,   # internal data: no customer-key requirement on top
+          cos(encryptionAlgorithm=None, kmsId=None, tags=f.tags("internal", "tencent")),
+          one("tencent-cos-bucket-sse", NO_TLS_POLICY)),
+    Alone("tencent-cos-bucket-personal-kms", "tencent", COS, cos(encryptionAlgorithm="AES256", kmsId=None),
+          one("tencent-cos-bucket-personal-kms", NO_TLS_POLICY)),
+    Alone("tencent-cos-bucket-versioning", "tencent", COS, cos(versioningEnable=False),
+          one("tencent-cos-bucket-versioning", NO_TLS_POLICY)),
+    Alone("tencent-cos-bucket-tls-only", "tencent", COS, cos(), one(NO_TLS_POLICY)),
+    Alone("tencent-cos-bucket-access-logging", "tencent", COS, cos(logEnable=False, logTargetBucket=None,
+                                                                   logPrefix=None),
+          one("tencent-cos-bucket-access-logging", NO_TLS_POLICY)),
+    Alone("tencent-cvm-node-no-public-ip", "tencent", TC_SCALING_CONFIG,
+          scaling_config(publicIpAssigned=True, internetMaxBandwidthOut=10), one("tencent-cvm-node-no-public-ip")),
+    Alone("tencent-vpc-securitygroup-no-world-inbound", "tencent", "tencentcloud:Security/groupRuleSet:GroupRuleSet",
+          {"securityGroupId": "sg-zr5s9g2e",
+           "ingresses": [{"action": "ACCEPT", "protocol": "TCP", "port": "22", "cidrBlock": "0.0.0.0/0"}]},
+          one("tencent-vpc-securitygroup-no-world-inbound")),
+    Alone("tencent-cam-policy-no-wildcards", "tencent", "tencentcloud:Cam/policy:Policy",
+          {"name": "gpufleet-tencent-nodes", "document": _cam({
+              "effect": "allow", "action": ["name/cos:*"],
+              "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]})},
+          one("tencent-cam-policy-no-wildcards")),
+    Alone("tencent-cvm-disk-encrypted", "tencent", "tencentcloud:Cbs/storage:Storage",
+          {"storageType": "CLOUD_SSD", "storageSize": 500, "availabilityZone": "ap-shanghai-2",
+           "tags": tags("tencent")}, one("tencent-cvm-disk-encrypted")),
+    Alone("tencent-kms-key-rotation", "tencent", TC_KMS_KEY, tc_key(keyRotationEnabled=False),
+          one("tencent-kms-key-rotation")),
+    Alone("tencent-any-resource-pipl-region", "tencent", TC_KMS_KEY, tc_key(), one("tencent-any-resource-pipl-region"),
+          provider={"region": "ap-singapore"}),
+    Alone("tencent-as-group-queue-scale-to-zero", "tencent", TC_SCALING_GROUP,
+          {"scalingGroupName": "gpufleet-tencent-nodes", "configurationId": "asc-imported", "minSize": 1,
+           "maxSize": 4, "desiredCapacity": 1, "vpcId": "vpc-ohdqtqwt", "subnetIds": ["subnet-1"],
+           "tags": tags("tencent")}, one("tencent-as-group-queue-scale-to-zero")),
+    Alone("tencent-any-resource-cost-tags", "tencent", "tencentcloud:Security/group:Group",
+          {"description": "GPU nodes"}, one("tencent-any-resource-cost-tags")),
 ]
 
 
 @pytest.mark.parametrize("case", ALONE, ids=[c.policy for c in ALONE])
 def test_resource_alone(packs, case: Alone):
     s = f.Stack(case.stack)
-    subject = s.add(case.type, "subject", case.inputs)
+    package = case.type.split(":")[0]
+    provider = s.add(f"pulumi:providers:{package}", "explicit", case.provider) if case.provider else None
+    subject = s.add(case.type, "subject", case.inputs, provider=provider)
     verdicts = packs.run(case.stack, s.resources, case.policy_config)
     assert names(verdicts) == case.verdicts, [(v["policy"], v["message"]) for v in verdicts["violations"]]
     assert verdicts["skipped"] == []
