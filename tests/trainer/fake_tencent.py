@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
-from tests.trainer.loopback_http import LoopbackServer, QuietHandler
+from infra.demo.loopback_http import LoopbackServer, QuietHandler
 from trainer.clouds.tencent_api import Credentials
 
 ROLE = "gpufleet-test-nodes"
