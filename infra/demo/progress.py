@@ -182,7 +182,7 @@ def costs(node_hours: float, instance_types: list[str]) -> list[dict]:
     for name in instance_types:
         t = catalog.CATALOG[name]
         out.append({"instance_type": name, "gpus": t.gpus, "gpu_hours": node_hours * t.gpus,
-                    "on_demand_usd": node_hours * t.price_usd_hour, "spot_usd": node_hours * t.spot_price_usd_hour})
+                    "on_demand_usd": node_hours * t.price_hour, "spot_usd": node_hours * t.spot_price_hour})
     return out
 
 

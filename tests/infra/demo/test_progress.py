@@ -88,8 +88,8 @@ def test_costs_price_the_node_hours_from_the_catalog():
     rows = pg.costs(2.0, ["g6.xlarge", "g6.12xlarge"])
     g6, big = catalog.CATALOG["g6.xlarge"], catalog.CATALOG["g6.12xlarge"]
     assert rows[0] == {"instance_type": "g6.xlarge", "gpus": 1, "gpu_hours": 2.0,
-                       "on_demand_usd": 2.0 * g6.price_usd_hour, "spot_usd": 2.0 * g6.spot_price_usd_hour}
-    assert rows[1]["gpu_hours"] == 8.0 and rows[1]["spot_usd"] == 2.0 * big.spot_price_usd_hour
+                       "on_demand_usd": 2.0 * g6.price_hour, "spot_usd": 2.0 * g6.spot_price_hour}
+    assert rows[1]["gpu_hours"] == 8.0 and rows[1]["spot_usd"] == 2.0 * big.spot_price_hour
     prices = {"on_demand": {"instance_type": "g6.xlarge", "usd_hour": 0.8}, "spot": {"instance_type": "g5.xlarge",
                                                                                      "usd_hour": 0.3}}
     assert pg.stack_cost(2.0, prices) == {"on_demand": {"instance_type": "g6.xlarge", "usd": 1.6},
@@ -114,7 +114,7 @@ def test_summary_of_a_clean_interruption():
     assert s.stop_s == pytest.approx(24 - 23.5)
     assert s.requeue_latency_s == pytest.approx(31 - 23.5)       # the resumed run's first record
     assert s.node_hours == pytest.approx((10 + 4 + 6) / 3600)    # 20 one-second steps in all
-    assert s.costs[0]["on_demand_usd"] == pytest.approx(s.node_hours * catalog.CATALOG["g6.xlarge"].price_usd_hour)
+    assert s.costs[0]["on_demand_usd"] == pytest.approx(s.node_hours * catalog.CATALOG["g6.xlarge"].price_hour)
 
 
 def test_summary_fails_on_redone_steps_no_resume_or_no_notice():
