@@ -21,7 +21,7 @@ from trainer.node.agent import (CAP_MARGIN_S, Agent, children, command, default_
 from trainer.node import emf
 from trainer.node.emf import Emitter
 from trainer.clouds.aws import LIFECYCLE, NodePlatform, SqsJobQueue
-from trainer.jobs.queue import Job
+from trainer.jobs.spec import Job
 
 STEPS = 8
 
@@ -66,11 +66,11 @@ def test_an_aws_node_publishes_gpu_utilisation_for_its_group_and_itself_while_id
 
 
 def test_job_args_defaults():
-    args, uri, metrics = job_args(Job("j1", ["--steps", "5"]), "ckpt", "/w/m.jsonl")
+    args, uri, metrics = job_args(Job("j1", args=("--steps", "5")), "ckpt", "/w/m.jsonl")
     assert args == ["--steps", "5", "--checkpoint-uri", "s3://ckpt/jobs/j1/", "--metrics-file", "/w/m.jsonl"]
     assert (uri, metrics) == ("s3://ckpt/jobs/j1/", "/w/m.jsonl")
     own = ["--checkpoint-uri", "s3://mine/x/", "--metrics-file", "/m.jsonl"]
-    assert job_args(Job("j1", own), "ckpt", "/w/m.jsonl") == (own, "s3://mine/x/", "/m.jsonl")
+    assert job_args(Job("j1", args=tuple(own)), "ckpt", "/w/m.jsonl") == (own, "s3://mine/x/", "/m.jsonl")
     assert default_checkpoint_uri("https://acct.blob.core.windows.net/ckpt/", "j2") == \
         "https://acct.blob.core.windows.net/ckpt/jobs/j2/"
 

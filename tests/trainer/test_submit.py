@@ -1,16 +1,19 @@
-"""`python -m trainer submit`: one job or a sweep grid, all checked by train's parser before any is sent."""
+"""`python -m trainer submit`: one job or a sweep grid of any kind, all checked against the job spec (trainer
+jobs by train's parser) before anything is uploaded or sent; code bundles content-addressed in moto's S3."""
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import tarfile
 
 import boto3
 import pytest
 
 from tests.trainer.gated import ROOT
 from trainer.errors import UsageError
-from trainer.jobs.queue import Job, parse_job
+from trainer.jobs.spec import Job, parse_job
 from trainer.jobs.submit import expand, parse_sweep
 
 
@@ -24,25 +27,37 @@ def test_parse_sweep():
 
 
 def test_grid_ids_derive_from_values():
-    jobs = expand("exp", ["--steps", "100"], [("lr", ["1e-3", "3e-4"]), ("batch-size", ["8", "16"])])
+    jobs = expand(Job("exp", args=("--steps", "100")), [("lr", ["1e-3", "3e-4"]), ("batch-size", ["8", "16"])])
     assert [j.job_id for j in jobs] == ["exp.lr-1e-3.batch-size-8", "exp.lr-1e-3.batch-size-16",
                                         "exp.lr-3e-4.batch-size-8", "exp.lr-3e-4.batch-size-16"]
-    assert jobs[1] == Job("exp.lr-1e-3.batch-size-16", ["--steps", "100", "--lr", "1e-3", "--batch-size", "16"])
-    assert expand("one", ["--steps", "5"], []) == [Job("one", ["--steps", "5"])]
+    assert jobs[1] == Job("exp.lr-1e-3.batch-size-16", args=("--steps", "100", "--lr", "1e-3", "--batch-size", "16"))
+    assert expand(Job("one", args=("--steps", "5")), []) == [Job("one", args=("--steps", "5"))]
+
+
+def test_image_and_code_sweeps_set_the_environment_and_fill_the_command():
+    base = Job("exp", "image", image="reg.example/team/train:1", command=("python", "t.py", "--lr", "{LR}"),
+               env={"MODE": "fast"})
+    jobs = expand(base, [parse_sweep("LR=0.1,0.01", "image")])
+    assert [(j.job_id, j.command[-1], j.env) for j in jobs] == [
+        ("exp.LR-0.1", "0.1", {"MODE": "fast", "LR": "0.1"}), ("exp.LR-0.01", "0.01", {"MODE": "fast", "LR": "0.01"})]
+    with pytest.raises(UsageError, match="--sweep: 'GPUFLEET_X=1' is not allowed; expected KEY=V1,V2,... with KEY an "
+                                         "environment variable name"):
+        parse_sweep("GPUFLEET_X=1", "code")
 
 
 def test_any_invalid_combination_refuses_the_whole_grid():
     with pytest.raises(UsageError, match=r"job exp.batch-size-0: --batch-size: '0' is not allowed"):
-        expand("exp", [], [("batch-size", ["8", "0"])])
+        expand(Job("exp"), [("batch-size", ["8", "0"])])
     with pytest.raises(UsageError, match="--checkpoint-uri: one location cannot be shared by the jobs of a sweep"):
-        expand("exp", ["--checkpoint-uri", "s3://b/x"], [("lr", ["1", "2"])])
+        expand(Job("exp", args=("--checkpoint-uri", "s3://b/x")), [("lr", ["1", "2"])])
     with pytest.raises(UsageError, match="two combinations give the same job id"):
-        expand("exp", [], [("model", ["a:b", "a/b"])])
+        expand(Job("exp"), [("model", ["a:b", "a/b"])])
 
 
 @pytest.fixture
 def queue(moto_endpoint):
     sqs = boto3.client("sqs")
+    boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     return sqs, sqs.create_queue(QueueName="jobs")["QueueUrl"]
 
 
@@ -67,7 +82,44 @@ def test_submit_sends_the_grid(queue):
     assert sorted(b["job_id"] for b in bodies) == ["sweep1.lr-1e-3.seed-1", "sweep1.lr-1e-3.seed-2",
                                                     "sweep1.lr-3e-4.seed-1", "sweep1.lr-3e-4.seed-2"]
     for b in bodies:
-        assert parse_job(json.dumps(b)).args[:4] == ["--steps", "50", "--model", "gpt-tiny"]  # what the agent accepts
+        assert b["spec"] == 1 and b["kind"] == "trainer"
+        assert parse_job(json.dumps(b)).args[:4] == ("--steps", "50", "--model", "gpt-tiny")  # what the agent accepts
+
+
+def test_workdir_is_uploaded_once_by_content(queue, tmp_path):
+    sqs, url = queue
+    work = tmp_path / "proj"
+    (work / "pkg").mkdir(parents=True)
+    (work / "train.py").write_text("print('hi')\n")
+    (work / "pkg" / "m.py").write_text("X = 1\n")
+    (work / "data.bin").write_bytes(b"x" * 1000)
+    (work / ".gpufleetignore").write_text("# data stays out\ndata.bin\n")
+    argv = ["--queue-url", url, "--bucket", "ckpt", "--workdir", str(work), "--job-id", "c1", "--env", "A=1",
+            "--", "python", "train.py"]
+    first, second = submit(*argv), submit(*argv)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "3 files" in first.stdout and ", uploaded" in first.stdout
+    assert "already there, not uploaded again" in second.stdout
+    (one, two) = received(sqs, url)
+    assert one == two and one["kind"] == "code" and one["command"] == ["python", "train.py"] and one["env"] == {"A": "1"}
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix="code/")["Contents"]]
+    assert keys == [one["code"].removeprefix("s3://ckpt/")]
+    body = boto3.client("s3").get_object(Bucket="ckpt", Key=keys[0])["Body"].read()
+    assert sorted(tarfile.open(fileobj=io.BytesIO(body)).getnames()) == [".gpufleetignore", "pkg/m.py", "train.py"]
+
+
+def test_image_job_is_sent_as_spec_1(queue):
+    sqs, url = queue
+    proc = submit("--queue-url", url, "--image", "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/train:1.4",
+                  "--job-id", "i1", "--nodes", "2", "--max-nodes", "4", "--env-from", "HF_TOKEN=ssm:/team/hf",
+                  "--", "torchrun", "train.py")
+    assert proc.returncode == 0, proc.stderr
+    (body,) = received(sqs, url)
+    assert body == {"spec": 1, "job_id": "i1", "kind": "image",
+                    "image": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/train:1.4",
+                    "command": ["torchrun", "train.py"], "nodes": 2, "gpus_per_node": None,
+                    "env": {"HF_TOKEN": {"ssm": "/team/hf"}}, "timeout": None,
+                    "retries": {"on_error": 0, "on_exit_codes": []}}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -75,10 +127,24 @@ def test_submit_sends_the_grid(queue):
     (["--sweep", "precision=fp32,fp8", "--", "--steps", "5"], "--precision: 'fp8' is not allowed"),
     (["--job-id", "has space"], "--job-id: 'has space' is not allowed"),
     (["--job-id", "j", "--", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--job-id", "j", "--image", "Not A Ref", "--", "python"], "image: 'Not A Ref' is not a valid image reference"),
+    (["--job-id", "j", "--image", "train:1"], "--image: no command; give it after --"),
+    (["--job-id", "j", "--image", "train:1", "--nodes", "3", "--max-nodes", "2", "--", "python"],
+     "job j: nodes: 3 is not allowed; the stack runs at most 2 node(s)"),
+    (["--job-id", "j", "--image", "train:1", "--env", "DB_PASSWORD=hunter2", "--", "python"],
+     "env DB_PASSWORD: a secret does not belong in the job message"),
+    (["--job-id", "j", "--image", "train:1", "--env", "GPUFLEET_JOB_ID=x", "--", "python"],
+     "env: 'GPUFLEET_JOB_ID' is not an allowed variable name"),
+    (["--job-id", "j", "--workdir", ".", "--", "python"], "--workdir: --bucket is missing"),
+    (["--job-id", "j", "--bucket", "ckpt", "--workdir", "{big}", "--max-bundle-mb", "1", "--", "python"],
+     "MB to pack, over the bundle limit of 1 MB (largest: big.bin 2.0 MB)"),
+    (["--image", "a:1", "--workdir", "."], "argument --workdir: not allowed with argument --image"),
 ])
-def test_invalid_input_sends_nothing(queue, argv, message):
+def test_invalid_input_sends_nothing(queue, argv, message, tmp_path):
     sqs, url = queue
-    proc = submit("--queue-url", url, *argv)
+    (tmp_path / "big.bin").write_bytes(b"\0" * 2_000_000)
+    proc = submit("--queue-url", url, *[a.format(big=tmp_path) for a in argv])
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert received(sqs, url) == []
+    assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket="ckpt")  # nothing uploaded

@@ -349,7 +349,7 @@ class NodePlatform(Platform):
 
     def __init__(self, node: dict, imds: Imds | None = None, autoscaling=None, ec2=None, s3=None):
         self.node, self.imds = node, imds or Imds()
-        self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3}
+        self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3, "ssm": None}
         self.instance_id = self.asg = None
         try:
             self.instance_id = self.imds.instance_id()
@@ -432,6 +432,12 @@ class NodePlatform(Platform):
             LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
             LifecycleActionResult="CONTINUE" if ok else "ABANDON")
         return f"launch hook {hook}: {'CONTINUE' if ok else 'ABANDON'}"
+
+    def secret(self, source: str, name: str) -> str:
+        """An SSM parameter (SecureString decrypted with the stack key) the node role may read."""
+        if source != "ssm":
+            return super().secret(source, name)
+        return self.client("ssm").get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
 
     def form_gang(self, nnodes: int, timeout_s: float):
         """The gang of the group's first ``nnodes`` InService instances (head: lowest private IP)."""

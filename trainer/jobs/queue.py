@@ -1,9 +1,7 @@
-"""The job queue interface the agent pulls from, job messages, and the registry of the clouds' queues
+"""The job queue interface the agent pulls from, its messages, and the registry of the clouds' queues
 (trainer.clouds.<cloud>.open_queue: SQS, Azure Storage queues, TDMQ CMQ)."""
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -62,41 +60,3 @@ def open_queue(url: str, region: str | None = None) -> JobQueue:
         raise UsageError(f"--queue-url: {url!r} is not a queue URL (an SQS or Azure Storage queue https URL)")
     cloud = next((c for suffix, c in QUEUE_HOSTS.items() if host.endswith(suffix)), "aws")
     return adapter(cloud).open_queue(url, region)
-
-
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-@dataclass(frozen=True)
-class Job:
-    job_id: str
-    args: list[str]
-
-
-def check_job_id(job_id: object, where: str = "job_id") -> str:
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
-        raise UsageError(f"{where}: {job_id!r} is not allowed; expected 1-128 letters, digits, '.', '_' or '-', "
-                     "starting with a letter or digit")
-    return job_id
-
-
-def parse_job(body: str) -> Job:
-    """A job message {"job_id": str, "args": [train flags]}, its flags checked by train's own parser."""
-    try:
-        raw = json.loads(body)
-    except ValueError as exc:
-        raise UsageError(f"job message: not JSON ({exc})") from None
-    if not isinstance(raw, dict) or set(raw) != {"job_id", "args"}:
-        keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise UsageError(f"job message: expected exactly the keys job_id and args, got {keys}")
-    job_id = check_job_id(raw["job_id"])
-    args = raw["args"]
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise UsageError(f"job {job_id}: args must be a list of strings, got {args!r}")
-    from trainer.loop.config import parse_args
-
-    try:
-        parse_args(args)
-    except UsageError as exc:
-        raise UsageError(f"job {job_id}: {exc}") from None
-    return Job(job_id, args)

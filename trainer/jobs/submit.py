@@ -1,79 +1,177 @@
-"""`python -m trainer submit --queue-url URL [--job-id ID] [--sweep KEY=V1,V2 ...] -- <train flags>`.
+"""`python -m trainer submit --queue-url URL [--bucket B] [--image REF | --workdir DIR | --trainer] [flags] -- ARGV`.
 
-Enqueues one job, or with ``--sweep`` the grid of all combinations (one job each, ids derived
-from the values). Every job's flags go through train's own parser first: if any job is invalid,
-nothing is sent.
+Enqueues one job, or with ``--sweep`` the grid of all combinations (one job each, ids derived from the
+values). The kind: ``--trainer`` (the default) runs the built-in trainer with ARGV as its flags; ``--image``
+runs ARGV in a container of that image; ``--workdir`` packs the directory into a code bundle
+(``<bucket>/code/<sha256>.tar.gz``, uploaded only when absent) and runs ARGV in it with the node's Python.
+Every job is checked against the job spec (trainer/jobs/job.schema.json; a trainer job's flags by train's
+own parser) before anything is uploaded or sent: one bad job, nothing sent.
 """
 from __future__ import annotations
 
+import argparse
 import itertools
-import json
 import re
 import sys
 import time
+from dataclasses import replace
 
 from trainer.errors import ArgumentParser, UsageError
-from trainer.jobs.queue import Job, check_job_id, open_queue, parse_job
+from trainer.jobs import bundle
+from trainer.jobs.queue import open_queue
+from trainer.jobs.spec import Job, check_job_id, validate
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_SOURCES = ("ssm", "keyvault")
 
 
-def parse_sweep(text: str) -> tuple[str, list[str]]:
-    """KEY=V1,V2 -> (train flag name with dashes, values); KEY may be written lr, --lr or batch_size."""
-    from trainer.loop.config import FIELDS
-
+def parse_sweep(text: str, kind: str = "trainer") -> tuple[str, list[str]]:
+    """KEY=V1,V2 -> (key, values). Trainer jobs: KEY is a train flag (lr, --lr or batch_size; returned with
+    dashes). Image and code jobs: KEY is an environment variable, also substituted for {KEY} in ARGV."""
     key, sep, values = text.partition("=")
-    name = key.strip().lstrip("-").replace("-", "_")
-    if not sep or name not in FIELDS:
-        raise UsageError(f"--sweep: {text!r} is not allowed; expected KEY=V1,V2,... with KEY a train flag "
-                         f"({', '.join(n.replace('_', '-') for n in FIELDS)})")
+    if kind == "trainer":
+        from trainer.loop.config import FIELDS
+
+        name = key.strip().lstrip("-").replace("-", "_")
+        if not sep or name not in FIELDS:
+            raise UsageError(f"--sweep: {text!r} is not allowed; expected KEY=V1,V2,... with KEY a train flag "
+                             f"({', '.join(n.replace('_', '-') for n in FIELDS)})")
+        name = name.replace("_", "-")
+    else:
+        name = key.strip()
+        if not sep or not ENV_NAME.match(name) or name.startswith("GPUFLEET_"):
+            raise UsageError(f"--sweep: {text!r} is not allowed; expected KEY=V1,V2,... with KEY an environment "
+                             "variable name (set in each job, and substituted for {KEY} in the command)")
     items = [v.strip() for v in values.split(",")]
     if not all(items) or len(set(items)) != len(items):
         raise UsageError(f"--sweep {key}: {values!r} is not allowed; expected distinct, non-empty values")
-    return name.replace("_", "-"), items
+    return name, items
+
+
+def parse_env(items: list[str], secrets: list[str]) -> dict:
+    """--env K=V and --env-from K=ssm:NAME|keyvault:NAME -> the spec's env object."""
+    env: dict = {}
+    for flag, text in [("--env", t) for t in items] + [("--env-from", t) for t in secrets]:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag}: {text!r} is not allowed; expected KEY=VALUE")
+        if key in env:
+            raise UsageError(f"{flag}: {key} is given twice")
+        if flag == "--env-from":
+            source, colon, name = value.partition(":")
+            if source not in SECRET_SOURCES or not colon or not name:
+                raise UsageError(f"--env-from: {text!r} is not allowed; expected KEY=ssm:PARAMETER or "
+                                 "KEY=keyvault:SECRET")
+            env[key] = {source: name}
+        else:
+            env[key] = value
+    return env
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)
 
 
-def expand(base_id: str, args: list[str], sweeps: list[tuple[str, list[str]]]) -> list[Job]:
-    """The grid: one job per combination; its id is base_id plus each flag-value pair; checked by train's parser."""
-    if sweeps and any(a == "--checkpoint-uri" or a.startswith("--checkpoint-uri=") for a in args):
+def expand(base: Job, sweeps: list[tuple[str, list[str]]], max_nodes: int | None = None) -> list[Job]:
+    """The grid: one job per combination, its id base.job_id plus each key-value pair; each one validated."""
+    if base.kind == "trainer" and sweeps and any(
+            a == "--checkpoint-uri" or a.startswith("--checkpoint-uri=") for a in base.args):
         raise UsageError("--checkpoint-uri: one location cannot be shared by the jobs of a sweep; leave it out "
                          "(each job then gets jobs/<job_id>/ in the cluster's bucket)")
     keys = [k for k, _ in sweeps]
     if len(set(keys)) != len(keys):
-        raise UsageError(f"--sweep: a flag is swept twice ({', '.join(keys)})")
+        raise UsageError(f"--sweep: a key is swept twice ({', '.join(keys)})")
     jobs = []
     for combo in itertools.product(*(values for _, values in sweeps)):
-        job_id = ".".join([base_id] + [f"{k}-{_slug(v)}" for k, v in zip(keys, combo)])
-        flags = [x for k, v in zip(keys, combo) for x in (f"--{k}", v)]
-        job = Job(check_job_id(job_id, "--job-id"), args + flags)
-        parse_job(json.dumps({"job_id": job.job_id, "args": job.args}))
-        jobs.append(job)
+        pairs = list(zip(keys, combo))
+        job_id = check_job_id(".".join([base.job_id] + [f"{k}-{_slug(v)}" for k, v in pairs]), "--job-id")
+        if base.kind == "trainer":
+            job = replace(base, job_id=job_id, args=base.args + tuple(x for k, v in pairs for x in (f"--{k}", v)))
+        else:
+            command = tuple(_substitute(a, pairs) for a in base.command)
+            job = replace(base, job_id=job_id, command=command, env={**base.env, **dict(pairs)})
+        jobs.append(validate(job.to_dict(), max_nodes))
     if len({j.job_id for j in jobs}) != len(jobs):
         raise UsageError("--sweep: two combinations give the same job id; use values that differ in letters or digits")
     return jobs
 
 
-def main(argv: list[str]) -> int:
-    own, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = ArgumentParser(prog="python -m trainer submit", description=__doc__.splitlines()[0])
+def _substitute(arg: str, pairs: list[tuple[str, str]]) -> str:
+    for key, value in pairs:
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m trainer submit", description=__doc__.strip(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queue-url", required=True, help="the cluster's job queue URL")
+    p.add_argument("--bucket", help="the cluster's bucket (AWS: its name; Azure: the checkpoints container URL); "
+                                    "--workdir uploads the bundle there")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--image", metavar="REF", help="run ARGV in a container of this image")
+    kind.add_argument("--workdir", metavar="DIR", help="pack DIR as a code bundle and run ARGV in it")
+    kind.add_argument("--trainer", action="store_true", help="run the built-in trainer, ARGV its flags (default)")
     p.add_argument("--job-id", help="job id (default: job-<UTC time>); with --sweep, the prefix of every id")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the job (gang mode; default 1)")
+    p.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs per node (default: all of the node's)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in the job (repeatable)")
+    p.add_argument("--env-from", action="append", default=[], metavar="KEY=ssm:NAME",
+                   help="set in the job from an SSM parameter or Key Vault secret (keyvault:NAME) the node reads")
+    p.add_argument("--timeout", type=int, metavar="S", help="seconds an attempt may run")
+    p.add_argument("--retries", type=int, default=0, metavar="N", help="retries of a failed attempt (default 0)")
+    p.add_argument("--retry-on", type=int, action="append", default=[], metavar="CODE",
+                   help="retry only on these exit statuses (repeatable; default: any)")
+    p.add_argument("--max-nodes", type=int, metavar="N", help="the stack's largest node count (refuses bigger jobs)")
+    p.add_argument("--max-bundle-mb", type=float, default=bundle.MAX_BYTES / bundle.MB, metavar="MB",
+                   help="limit on the files --workdir packs (default %(default)g MB)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
-                   help="run every combination of these train flag values (repeatable)")
-    p.add_argument("--dry-run", action="store_true", help="print the jobs, send nothing")
-    args = p.parse_args(own)
-    base = check_job_id(args.job_id, "--job-id") if args.job_id else time.strftime("job-%Y%m%d-%H%M%S", time.gmtime())
-    jobs = expand(base, train_args, [parse_sweep(s) for s in args.sweep])
-    queue = None if args.dry_run else open_queue(args.queue_url)
+                   help="every combination of these values (repeatable): train flags for --trainer, "
+                        "environment variables (and {KEY} in ARGV) otherwise")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs, upload and send nothing")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = parser().parse_args(own)
+    kind = "image" if args.image else "code" if args.workdir else "trainer"
+    base_id = check_job_id(args.job_id, "--job-id") if args.job_id else time.strftime("job-%Y%m%d-%H%M%S",
+                                                                                      time.gmtime())
+    packed = None
+    fields = {}
+    if kind == "trainer":
+        fields["args"] = tuple(rest)
+    else:
+        if not rest:
+            raise UsageError(f"--{'image' if kind == 'image' else 'workdir'}: no command; give it after --, "
+                             "e.g. -- python train.py")
+        fields["command"] = tuple(rest)
+    if kind == "image":
+        fields["image"] = args.image
+    if kind == "code":
+        if not args.bucket:
+            raise UsageError("--workdir: --bucket is missing; the bundle goes to <bucket>/code/ (the stack's bucket, "
+                             "or on Azure its checkpoints container URL)")
+        packed = bundle.pack(args.workdir, int(args.max_bundle_mb * bundle.MB))
+        fields["code"] = bundle.store_base(args.bucket) + packed.key
+    base = Job(base_id, kind, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+               env=parse_env(args.env, args.env_from), timeout=args.timeout,
+               retries={"on_error": args.retries, "on_exit_codes": args.retry_on}, **fields)
+    jobs = expand(base, [parse_sweep(s, kind) for s in args.sweep], args.max_nodes)
+    if args.dry_run:
+        for job in jobs:
+            print(job.to_json())
+        return 0
+    queue = open_queue(args.queue_url)
+    if packed is not None:
+        uri, sent = bundle.upload(packed, args.bucket)
+        print(f"code bundle {uri}: {packed.files} files, {packed.size / bundle.MB:.1f} MB, "
+              f"{'uploaded' if sent else 'already there, not uploaded again'}")
     for job in jobs:
-        body = json.dumps({"job_id": job.job_id, "args": job.args})
-        if queue is None:
-            print(body)
-        else:
-            queue.send(body)
-            print(f"queued {job.job_id}: {' '.join(job.args)}")
+        queue.send(job.to_json())
+        what = " ".join(job.args) if kind == "trainer" else " ".join(job.command)
+        print(f"queued {job.job_id} ({kind}): {what}")
     return 0
 
 

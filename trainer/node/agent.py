@@ -1,8 +1,10 @@
 """`python -m trainer agent`: run training jobs from the queue on this node, or on the group (gang mode).
 
-Queue mode, one job at a time: receive a message, check it, protect the instance from scale-in, keep
-the message hidden with a heartbeat, run the job through torchrun over all local GPUs (one process
-without GPUs), then: done -> delete the message; preempted (exit 75, checkpoint safe) -> hand the
+Queue mode, one job at a time: receive a message, check it against the job spec (trainer.jobs.spec),
+protect the instance from scale-in, keep the message hidden with a heartbeat, run the job (kind trainer:
+torchrun over all local GPUs, one process without GPUs; kind image: a container under the node's Docker;
+kind code: the bundle unpacked into the job's work directory, run with the node's Python; see
+trainer.node.runner for the environment and the stop contract), then: done -> delete the message; preempted (exit 75, checkpoint safe) -> hand the
 message back at once and complete the terminate lifecycle action; failed -> leave the message to
 redelivery and the dead-letter queue. An invalid job is logged and left for the dead-letter queue.
 
@@ -30,10 +32,13 @@ from pathlib import Path
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
-from trainer.jobs.queue import Job, JobQueue, Message, open_queue, parse_job
+from trainer.jobs.queue import JobQueue, Message, open_queue
+from trainer.jobs.spec import Job, parse_job, validate
 from trainer.node import metric_names
 from trainer.node.platform import Platform, open_platform
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
+from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
+                                 children, code_environment, docker_argv, job_environment, node_facts, stop_grace)
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -87,25 +92,21 @@ def visibility_extension(now: float, received_at: float, visibility_s: int, max_
     return max(0, min(visibility_s, int(left)))
 
 
-def outcome(rc: int, stop_requested: bool) -> int:
-    """The job's exit status as the agent reads it: a SIGTERM death the agent asked for is a preemption.
+def outcome(rc: int, stop_requested: bool, kind: str = "trainer", timed_out: bool = False) -> int:
+    """The job's exit status as the agent reads it.
 
-    The job died before train's handler was in place, so no step ran: the newest checkpoint stands.
+    A stop the agent asked for (a notice, a cancel, the in-flight limit) is a preemption, never a failure: the
+    built-in trainer dying of that SIGTERM before its handler was in place ran no step, so the newest checkpoint
+    stands; user code that exits otherwise than 75 after the stop is handed back the same way, its newest
+    checkpoint standing. A job stopped at its timeout has failed whatever it exits with.
     """
+    if timed_out:
+        return EXIT_FAILED if rc in (EXIT_OK, EXIT_PREEMPTED) else rc
     if stop_requested and rc in (-signal.SIGTERM, 128 + signal.SIGTERM):
         return EXIT_PREEMPTED
+    if stop_requested and kind != "trainer" and rc != EXIT_OK:
+        return EXIT_PREEMPTED
     return rc
-
-
-def children(pid: int) -> list[int]:
-    """Direct child processes (Linux /proc)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(c) for c in task.read_text().split()]
-        except OSError:
-            pass
-    return found
 
 
 def _die_with_parent() -> None:
@@ -152,7 +153,8 @@ class Heartbeat:
 class Agent:
     def __init__(self, queue: JobQueue, bucket: str, node: dict, work_dir: str | os.PathLike,
                  visibility_s: int = 600, wait_s: int = 20, nproc: int | None = None,
-                 platform: Platform | None = None, emitter=None, emf_interval_s: float = 60.0):
+                 platform: Platform | None = None, emitter=None, emf_interval_s: float = 60.0,
+                 container_extra: tuple[str, ...] = (), watch_s: float = 2.0, stop_grace_s: int | None = None):
         from trainer.node.emf import Emitter
 
         self.queue, self.bucket, self.node = queue, bucket, node
@@ -167,10 +169,17 @@ class Agent:
         namespace = node.get("metric_namespace") or metric_names.namespace(node.get("stack", "default"))
         self.emitter = emitter or Emitter(namespace, sys.stdout, self.platform.metric_dimensions())
         self.emf_interval_s = emf_interval_s
+        self.container_extra = tuple(container_extra)  # tests only: extra `docker run` flags (host mounts)
+        self.watch_s = watch_s  # how often a user job's stop notices are polled
+        self.stop_grace_s = stop_grace_s  # SIGTERM to SIGKILL of user code; None: what the notice leaves
         self.stopping: str | None = None
         self.idle = "no job in the queue"  # logged when --once finds nothing to do
-        self._proc: subprocess.Popen | None = None
-        self._stop_requested = False
+        self._running: Running | None = None
+        self._timed_out = False
+
+    @property
+    def max_nodes(self) -> int:
+        return 1
 
     def serve(self, once: bool = False) -> int:
         """Handle messages until stopped (or one with ``once``); returns the last job's exit status."""
@@ -216,26 +225,33 @@ class Agent:
         """The next message to handle, or None after a long poll without one."""
         return self.queue.receive(self.wait_s)
 
+    def check(self, msg: Message) -> Job:
+        """The message's job if it is valid and fits this node; UsageError (one line) otherwise."""
+        job = parse_job(msg.body, max_nodes=self.max_nodes)
+        if job.gpus_per_node and job.gpus_per_node > self.nproc:
+            raise UsageError(f"job {job.job_id}: gpus_per_node: {job.gpus_per_node} is more than this node's "
+                             f"{self.nproc} GPU(s)")
+        return job
+
     def handle(self, msg: Message) -> int:
         try:
-            job = parse_job(msg.body)
+            job = self.check(msg)
         except UsageError as exc:
             log.error("message %s (receive %d): invalid job, left for the dead-letter queue: %s",
                       msg.id, msg.receive_count, exc)
             self.queue.fail(msg)
             return EXIT_FAILED
-        log.info("job %s: claimed (message %s, receive %d)", job.job_id, msg.id, msg.receive_count)
-        metrics_path = str(self.work_dir / "jobs" / job.job_id / "metrics.jsonl")
-        args, uri, metrics = job_args(job, self.bucket, metrics_path)
+        log.info("job %s: claimed (message %s, receive %d, kind %s)", job.job_id, msg.id, msg.receive_count, job.kind)
         self.platform.protect(True)
         heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit).start()
-        tail = self._tail(metrics)
+        metrics = self.metrics_path(job.job_id) if job.kind == "trainer" else None
+        tail = self._tail(job_args(job, self.bucket, metrics)[2]) if metrics else None
         try:
-            rc = self.launch(job, args)
+            rc = self.launch(job, msg.receive_count)
         finally:
             heartbeat.stop()
-            tail.close()
-        rc = outcome(rc, self._stop_requested)
+            if tail:
+                tail.close()
         if rc == EXIT_OK:
             self.queue.delete(msg)
             self.platform.protect(False)
@@ -243,7 +259,8 @@ class Agent:
             return EXIT_OK
         if rc == EXIT_PREEMPTED:
             self.queue.release(msg)  # checkpoint safe: another node may resume it now
-            lost = self._steps_lost(uri, tail.last_step)
+            uri = job_args(job, self.bucket, metrics)[1] if metrics else self.checkpoint_uri(job)
+            lost = self._steps_lost(uri, tail.last_step) if tail else 0
             self.emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
             log.info("job %s: stopped after a checkpoint; message handed back (%d steps lost)", job.job_id, lost)
             self.settle(preempted=True)
@@ -265,30 +282,121 @@ class Agent:
         else:
             self.platform.protect(False)
 
-    def launch(self, job: Job, args: list[str]) -> int:
-        return self.run(command(args, self.nproc))
+    def metrics_path(self, job_id: str) -> str:
+        return str(self.work_dir / "jobs" / job_id / "metrics.jsonl")
 
-    def run(self, cmd: list[str]) -> int:
-        log.info("running %s", " ".join(cmd))
-        self._stop_requested = False
-        self._proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
+    def checkpoint_uri(self, job: Job) -> str:
+        return default_checkpoint_uri(self.bucket, job.job_id)
+
+    def launch(self, job: Job, attempt: int) -> int:
+        """This node's part of one attempt of the job (queue mode: all of it); its outcome."""
+        return self.execute(job, attempt, nnodes=1, node_rank=0, rdzv=f"127.0.0.1:{C10D_PORT}")
+
+    def execute(self, job: Job, attempt: int, nnodes: int, node_rank: int, rdzv: str,
+                trainer_cmd: list[str] | None = None) -> int:
+        """Start the attempt, stop it on a notice or its timeout, wait for it; the outcome (see :func:`outcome`)."""
+        self._timed_out = False
         try:
-            return self._proc.wait()
+            run = self.start(job, attempt, nnodes, node_rank, rdzv, trainer_cmd)
+        except (OSError, ValueError, UsageError) as exc:  # a bundle or command that cannot be had or started
+            log.error("job %s: cannot start: %s", job.job_id, exc)
+            return EXIT_FAILED
+        self._running = run
+        if self.stopping:  # the agent was told to stop while the job was being set up
+            self.stop_job()
+        done = threading.Event()
+        watchers = []
+        if job.kind != "trainer":  # the trainer watches its own notices; user code gets them from the agent
+            watchers.append(threading.Thread(target=self._watch, args=(done,), name="notice-watch", daemon=True))
+        if job.timeout:
+            watchers.append(threading.Thread(target=self._time_out, args=(done, job.timeout), daemon=True))
+        for w in watchers:
+            w.start()
+        try:
+            rc = run.wait()
         finally:
-            self._proc = None
+            done.set()
+            self._running = None
+        if job.kind != "trainer" and run.stop_requested and rc not in (EXIT_OK, EXIT_PREEMPTED):
+            log.warning("job %s: exited %d after the stop, not 75; handed back, its newest checkpoint stands",
+                        job.job_id, rc)
+        if self._timed_out:
+            log.error("job %s: stopped at its timeout of %d s", job.job_id, job.timeout)
+        return outcome(rc, run.stop_requested, job.kind, self._timed_out)
 
-    def stop_job(self) -> None:
-        """SIGTERM the training processes: they agree on a step, checkpoint it and exit 75."""
-        proc = self._proc
-        if proc is None:
-            return
-        self._stop_requested = True
-        targets = children(proc.pid) if self.nproc else []
-        for pid in targets or [proc.pid]:  # torchrun's workers directly, so that torchrun sees their 75
+    def start(self, job: Job, attempt: int, nnodes: int, node_rank: int, rdzv: str,
+              trainer_cmd: list[str] | None) -> Running:
+        if job.kind == "trainer":
+            args = job_args(job, self.bucket, self.metrics_path(job.job_id))[0]
+            cmd = trainer_cmd or command(args, self.nproc)
+            log.info("running %s", " ".join(cmd))
+            return TrainerRun(self._popen(cmd), workers=self.nproc > 0 or trainer_cmd is not None)
+        job_dir = self.work_dir / "jobs" / job.job_id
+        control = job_dir / "control"
+        control.mkdir(parents=True, exist_ok=True)
+        (control / STOP_FILE).unlink(missing_ok=True)
+        gpus = self.nproc if job.gpus_per_node is None else job.gpus_per_node
+        values, secrets = self._job_env(job)
+        inside = CONTROL_DIR if job.kind == "image" else str(control)
+        env = job_environment(job.job_id, attempt, self.checkpoint_uri(job), nnodes, node_rank, max(1, gpus), rdzv,
+                              f"{inside}/{STOP_FILE}", values)
+        if job.kind == "image":
+            facts = node_facts(self.node, self.platform.instance_type() if self.node.get("instance_types") else None,
+                               self.nproc)
+            name = f"gpufleet-{job.job_id}-{attempt}-{uuid.uuid4().hex[:6]}"
+            argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
+                               self.grace(notice=False), tuple(secrets),
+                               scratch=Path("/mnt/scratch").is_dir(),
+                               container_env_file=Path("/etc/gpufleet/container.env").exists(),
+                               extra=self.container_extra)
+            log.info("running %s", " ".join(argv))
+            docker_env = {**os.environ, **secrets}
+            return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env)
+        from trainer.jobs import bundle
+
+        archive = bundle.fetch(job.code, self.work_dir / "bundles")
+        code = bundle.unpack(archive, job_dir / "code")
+        log.info("running %s in %s", " ".join(job.command), code)
+        run_env = code_environment(dict(os.environ), {**env, **secrets}, os.path.dirname(sys.executable))
+        return ProcessGroupRun(self._popen(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
+
+    def _popen(self, cmd: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **kw)
+
+    def _job_env(self, job: Job) -> tuple[dict[str, str], dict[str, str]]:
+        """The job's env: (plain values, secrets read through the node's identity)."""
+        values = {k: v for k, v in job.env.items() if isinstance(v, str)}
+        secrets = {k: self.platform.secret(*next(iter(v.items()))) for k, v in job.env.items()
+                   if not isinstance(v, str)}
+        return values, secrets
+
+    def _watch(self, done: threading.Event) -> None:
+        """While a user job runs: poll this node's stop notices; on one, stop the job within the notice's grace."""
+        while not done.wait(self.watch_s):
             try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+                reason = self.going_away()
+            except Exception as exc:  # a missed poll is retried
+                log.warning("polling for stop notices failed: %s", exc)
+                continue
+            if reason:
+                log.warning("stop notice: %s; stopping the job", reason)
+                self.stop_job(notice=True)
+                return
+
+    def _time_out(self, done: threading.Event, seconds: int) -> None:
+        if not done.wait(seconds):
+            self._timed_out = True
+            self.stop_job()
+
+    def stop_job(self, notice: bool = False) -> None:
+        """SIGTERM the job (and its stop file): the built-in trainer agrees on a step, checkpoints it and
+        exits 75; user code gets the grace that fits the notice (or the default) before SIGKILL."""
+        run = self._running
+        if run is not None:
+            run.stop(self.grace(notice))
+
+    def grace(self, notice: bool) -> int:
+        return self.stop_grace_s or stop_grace(self.node.get("cloud"), notice)
 
     def _in_flight_limit(self) -> None:
         log.warning("the job's message nears the queue's in-flight limit: checkpointing and handing it back")
@@ -324,7 +432,8 @@ class Agent:
 
 
 class GangAgent(Agent):
-    """Gang mode: every node runs this; the head takes jobs from the queue, the others follow its assignment."""
+    """Gang mode: every node runs this; the head takes jobs from the queue, the others follow its assignment.
+    Every job runs over the whole gang (a job asking for more nodes than the gang has is refused)."""
 
     def __init__(self, queue: JobQueue, bucket: str, node: dict, work_dir: str | os.PathLike, board: Board,
                  port: int = C10D_PORT, gang_timeout_s: float = 600.0, poll_s: float = GANG_POLL_S, **kw):
@@ -334,6 +443,10 @@ class GangAgent(Agent):
         self.gang: Gang | None = None
         self._seen: set[str] = set()  # generations this node has run or ignored
         self._led = False  # whether this agent has acted as the head yet
+
+    @property
+    def max_nodes(self) -> int:
+        return int(self.node["node_count"])
 
     def discover(self) -> Gang:
         """This node's gang: waits (up to the gang timeout) until node_count instances are in service."""
@@ -366,28 +479,41 @@ class GangAgent(Agent):
     def handle(self, work: Message | Assignment) -> int:
         return super().handle(work) if isinstance(work, Message) else self.follow(work)
 
-    def launch(self, job: Job, args: list[str]) -> int:
+    def launch(self, job: Job, attempt: int) -> int:
         """The head's part: publish the assignment, run node rank 0, clear the assignment."""
         gang = self.gang
-        a = Assignment(job.job_id, job.args, gang.nnodes, gang.head, self.port, uuid.uuid4().hex[:12])
+        a = Assignment(job.job_id, list(job.args), gang.nnodes, gang.head, self.port, uuid.uuid4().hex[:12],
+                       spec=job.to_dict(), attempt=attempt)
         self.board.publish(a)
         log.info("job %s: assigned to the gang of %d nodes (run %s)", job.job_id, gang.nnodes, a.run_id)
         try:
-            return self.run(gang_command(args, gang, a.run_id, self.port, self.nproc, self.gang_timeout_s))
+            return self.part(job, a)
         finally:
             self.board.clear()
+
+    def part(self, job: Job, a: Assignment) -> int:
+        """This node's part of the assigned job: the trainer through torchrun with its node rank; user code with
+        GPUFLEET_NODE_RANK and the head's endpoint in its environment."""
+        trainer_cmd = None
+        if job.kind == "trainer":
+            args = job_args(job, self.bucket, self.metrics_path(job.job_id))[0]
+            trainer_cmd = gang_command(args, self.gang, a.run_id, a.port, self.nproc, self.gang_timeout_s)
+        return self.execute(job, a.attempt, self.gang.nnodes, self.gang.node_rank, f"{a.head}:{a.port}", trainer_cmd)
 
     def follow(self, a: Assignment) -> int:
         """A non-head node's part of the assigned job; the head owns the message."""
         self._seen.add(a.generation)
         log.info("job %s: joining run %s as node %d of %d (head %s)", a.job_id, a.run_id, self.gang.node_rank,
                  a.nnodes, a.head)
-        wait_for_head(a.head, a.port, timeout_s=self.gang_timeout_s)
-        metrics_path = str(self.work_dir / "jobs" / a.job_id / "metrics.jsonl")
-        args, _, _ = job_args(Job(a.job_id, a.args), self.bucket, metrics_path)
+        try:
+            job = validate(a.spec) if a.spec else Job(a.job_id, args=tuple(a.args))
+        except UsageError as exc:
+            log.error("gang assignment %s: invalid job: %s", a.run_id, exc)
+            return EXIT_FAILED
+        if job.kind == "trainer":  # the trainer's store is on the head's torchrun; user code finds the head itself
+            wait_for_head(a.head, a.port, timeout_s=self.gang_timeout_s)
         self.platform.protect(True)
-        rc = outcome(self.run(gang_command(args, self.gang, a.run_id, a.port, self.nproc, self.gang_timeout_s)),
-                     self._stop_requested)
+        rc = self.part(job, a)
         self.settle(preempted=rc == EXIT_PREEMPTED)
         if rc in (EXIT_OK, EXIT_PREEMPTED):
             log.info("job %s: this node's part %s", a.job_id, "done" if rc == EXIT_OK else "stopped after a checkpoint")
@@ -424,7 +550,12 @@ def main(argv: list[str]) -> int:
                    help="gang mode: the head's torchrun store port (default %(default)s)")
     p.add_argument("--gang-timeout", type=float, default=600.0, metavar="S",
                    help="gang mode: seconds to wait for the nodes in service and for the head (default %(default)s)")
+    p.add_argument("--stop-grace", type=int, metavar="S",
+                   help="seconds from SIGTERM to SIGKILL of a container or code-bundle job (default: what the "
+                        "cloud's stop notice leaves, else 240)")
     args = p.parse_args(argv)
+    if args.stop_grace is not None and args.stop_grace < 1:
+        raise UsageError(f"--stop-grace: {args.stop_grace} is not allowed; expected seconds >= 1")
     node = load_node(args.node_json, required=not (args.queue_url and args.bucket))
     queue_url, bucket = args.queue_url or node.get("queue_url"), args.bucket or node.get("bucket")
     if not queue_url or not bucket:
@@ -435,13 +566,13 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--wait: {args.wait} is not allowed; expected 0 to 20 seconds")
     if node.get("mode", "queue") == "queue":
         return Agent(open_queue(queue_url, node.get("region")), bucket, node, args.work_dir,
-                     visibility_s=args.visibility, wait_s=args.wait).serve(once=args.once)
+                     visibility_s=args.visibility, wait_s=args.wait, stop_grace_s=args.stop_grace).serve(once=args.once)
     check_gang(node, args.node_json, bucket, args.rdzv_port, args.gang_timeout)
     queue = open_queue(queue_url, node.get("region"))
     platform = open_platform(node)
     agent = GangAgent(queue, bucket, node, args.work_dir, platform.board(bucket), port=args.rdzv_port,
                       gang_timeout_s=args.gang_timeout, visibility_s=args.visibility, wait_s=args.wait,
-                      platform=platform)
+                      platform=platform, stop_grace_s=args.stop_grace)
     try:
         return agent.serve(once=args.once)
     except RendezvousError as exc:  # the gang cannot form or the head is out of reach: one line, exit 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from trainer.clouds import adapter, node_cloud
+from trainer.errors import UsageError
 from trainer.node.rendezvous import RendezvousError
 
 log = logging.getLogger("gpufleet.platform")
@@ -38,6 +39,11 @@ class Platform:
     def report_launch(self, ok: bool) -> str:
         """Tell the platform whether this node passed its launch checks; a line saying what was done."""
         return "not on a cloud node: no lifecycle hook to complete"
+
+    def secret(self, source: str, name: str) -> str:
+        """The value of a secret the node's identity may read (source "ssm" on AWS, "keyvault" on Azure)."""
+        raise UsageError(f"env: the {source} secret {name!r} cannot be read on a {self.name} machine; "
+                         "secrets are read through a cloud node's identity")
 
     def form_gang(self, nnodes: int, timeout_s: float):
         """This node's gang (trainer.node.rendezvous.Gang) once ``nnodes`` nodes are in service."""

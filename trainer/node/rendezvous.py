@@ -65,6 +65,8 @@ class Assignment:
     head: str
     port: int
     generation: str   # new on every claim: a rerun of the job is a new rendezvous
+    spec: dict | None = None  # the whole job (trainer.jobs.spec); None in assignments written before the spec
+    attempt: int = 1          # the head's receive count of the message
 
     @property
     def run_id(self) -> str:
@@ -80,8 +82,9 @@ class Assignment:
             a = cls(**raw)
         except (ValueError, TypeError) as exc:
             raise RendezvousError(f"gang assignment: not an assignment object ({exc})") from None
-        types = {"job_id": str, "nnodes": int, "head": str, "port": int, "generation": str}
-        bad = [k for k, t in types.items() if not isinstance(raw[k], t)]
+        types = {"job_id": str, "nnodes": int, "head": str, "port": int, "generation": str, "spec": (dict, type(None)),
+                 "attempt": int}
+        bad = [k for k, t in types.items() if not isinstance(getattr(a, k), t)]
         if bad or not isinstance(a.args, list) or not all(isinstance(x, str) for x in a.args):
             raise RendezvousError(f"gang assignment: bad {', '.join(bad) or 'args'} in {raw}")
         return a

@@ -1,0 +1,104 @@
+"""The pure derivations of how a job runs: node facts from node.json, the job environment, the docker argv for
+real instance types (GPU flags, EFA and InfiniBand devices), the stop grace, and how the agent reads an exit."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from infra import catalog
+from infra.aws import efa
+from trainer.node.agent import outcome
+from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, code_environment, docker_argv, job_environment,
+                                 node_facts, stop_grace)
+
+COMMON = ["docker", "run", "--rm", "--name", "gpufleet-j1-1-abc", "--label", "gpufleet.job", "--init",
+          "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
+          "--stop-signal", "SIGTERM", "--stop-timeout", "100"]
+TAIL = ["--volume", "/mnt/scratch:/mnt/scratch", "--volume", "/w/jobs/j1/control:/gpufleet",
+        "--env-file", "/etc/gpufleet/container.env", "--env", "GPUFLEET_JOB_ID=j1", "--env", "HF_TOKEN",
+        "reg/train:1", "torchrun", "train.py"]
+
+
+def node_json(cloud: str, *types: str) -> dict:
+    """node.json's instance_types entries as infra/aws/stack.py and infra/azure/derive.py write them."""
+    rows = {t: catalog.CATALOG[t] for t in types}
+    return {"cloud": cloud, "instance_types": {
+        t: {"gpus": r.gpus, "efa": efa.efa_count(efa.layout(r, True)) if cloud == "aws" else 0,
+            "nvswitch": r.nvswitch, "infiniband_gbps": r.infiniband_gbps} for t, r in rows.items()}}
+
+
+def argv_for(facts: NodeFacts, gpus=None) -> list[str]:
+    return docker_argv("gpufleet-j1-1-abc", "reg/train:1", ["torchrun", "train.py"],
+                       {"GPUFLEET_JOB_ID": "j1", "HF_TOKEN": "s3cr3t"}, facts, gpus, "/w/jobs/j1/control", 100,
+                       secret_names=("HF_TOKEN",))
+
+
+def middle(argv: list[str]) -> list[str]:
+    assert argv[:len(COMMON)] == COMMON and argv[-len(TAIL):] == TAIL
+    return argv[len(COMMON):-len(TAIL)]
+
+
+def test_g6_xlarge_gets_its_gpu_and_no_fabric():
+    facts = node_facts(node_json("aws", "g6.xlarge", "p5.48xlarge"), "g6.xlarge", 1)
+    assert facts == NodeFacts("aws", 1, 0, False)
+    assert middle(argv_for(facts)) == ["--runtime", "nvidia", "--gpus", "all"]
+
+
+def test_p4d_gets_all_gpus_and_its_4_efa_devices():
+    facts = node_facts(node_json("aws", "p4d.24xlarge"), None, 8)  # the only entry when the type is unknown
+    assert middle(argv_for(facts)) == ["--runtime", "nvidia", "--gpus", "all",
+                                       *[x for i in range(4) for x in ("--device", f"/dev/infiniband/uverbs{i}")]]
+
+
+def test_p5_gets_32_efa_devices_and_a_gpu_subset_when_asked():
+    facts = node_facts(node_json("aws", "g6.xlarge", "p5.48xlarge"), "p5.48xlarge", 8)
+    assert facts.efa == 32
+    flags = middle(argv_for(facts, gpus=4))
+    assert flags[:4] == ["--runtime", "nvidia", "--gpus", '"device=0,1,2,3"']
+    assert flags[4:] == [x for i in range(32) for x in ("--device", f"/dev/infiniband/uverbs{i}")]
+
+
+def test_nd96asr_v4_gets_infiniband():
+    facts = node_facts(node_json("azure", "Standard_ND96asr_v4"), "Standard_ND96asr_v4", 8)
+    assert facts == NodeFacts("azure", 8, 0, True)
+    assert middle(argv_for(facts)) == ["--runtime", "nvidia", "--gpus", "all", "--device", "/dev/infiniband",
+                                       "--cap-add", "IPC_LOCK"]
+
+
+def test_no_gpu_flags_without_gpus_and_test_extras_before_the_image():
+    argv = docker_argv("n", "img:1", ["python"], {}, NodeFacts(None, 0), None, "/c", 5, scratch=False,
+                       container_env_file=False, extra=("--volume", "/x:/x:ro"))
+    assert "--gpus" not in argv and "--runtime" not in argv
+    assert argv[-4:] == ["--volume", "/x:/x:ro", "img:1", "python"]
+    assert "s3cr3t" not in " ".join(argv_for(NodeFacts("aws", 1)))  # a secret is passed by name only
+
+
+def test_job_environment_and_code_environment():
+    env = job_environment("j1", 3, "s3://ckpt/jobs/j1/", 4, 2, 8, "10.0.0.9:29400", "/gpufleet/stop",
+                          {"LR": "0.1", "GPUFLEET_NODE_RANK": "x"})
+    assert env == {"LR": "0.1", "GPUFLEET_JOB_ID": "j1", "GPUFLEET_ATTEMPT": "3",
+                   "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/jobs/j1/", "GPUFLEET_NNODES": "4", "GPUFLEET_NODE_RANK": "2",
+                   "GPUFLEET_NPROC_PER_NODE": "8", "GPUFLEET_RDZV_ENDPOINT": "10.0.0.9:29400",
+                   "GPUFLEET_STOP_FILE": "/gpufleet/stop"}
+    run = code_environment({"PATH": "/usr/bin", "NCCL_NET_PLUGIN": "ofi"}, {"LR": "0.1"}, "/opt/gpufleet/venv/bin")
+    assert run == {"PATH": "/opt/gpufleet/venv/bin:/usr/bin", "NCCL_NET_PLUGIN": "ofi", "LR": "0.1"}
+
+
+def test_stop_grace_fits_the_notice():
+    assert stop_grace("aws", notice=True) == 100 and stop_grace("azure", notice=True) == 20
+    assert stop_grace("aws", notice=False) == stop_grace(None, notice=True) == DEFAULT_GRACE_S
+
+
+@pytest.mark.parametrize("rc, stopped, kind, timed_out, read", [
+    (75, False, "image", False, 75),
+    (1, False, "image", False, 1),
+    (137, True, "image", False, 75),    # killed after the grace of a notice or cancel: handed back, not failed
+    (1, True, "code", False, 75),       # e.g. torchrun's own exit after its workers checkpointed
+    (0, True, "code", False, 0),        # finished before the stop took effect
+    (1, True, "trainer", False, 1),     # the built-in trainer exits 75 itself when it checkpointed
+    (-signal.SIGTERM, True, "trainer", False, 75),
+    (75, True, "image", True, 1),       # stopped at its timeout: failed whatever it exits with
+])
+def test_outcome(rc, stopped, kind, timed_out, read):
+    assert outcome(rc, stopped, kind, timed_out) == read

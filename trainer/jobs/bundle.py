@@ -1,0 +1,163 @@
+"""Code bundles: a directory packed by `submit --workdir`, content-addressed in the cluster's store, unpacked
+by the agent into the job's work directory.
+
+What is packed: in a git repository, the files git tracks under the directory (their working-tree contents);
+elsewhere every file except those a ``.gpufleetignore`` names (one fnmatch pattern a line, ``#`` comments; a
+pattern matches a path relative to the directory or any of its components). The archive is reproducible
+(sorted, mtime 0, owner root, modes 0644/0755), so the same files give the same SHA-256 and the bundle lives at
+``<store>/code/<sha256>.tar.gz``: a second submit of unchanged files uploads nothing.
+"""
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.errors import UsageError
+
+MB = 1000 * 1000
+MAX_BYTES = 200 * MB  # the files of a bundle, before compression
+IGNORE_FILE = ".gpufleetignore"
+PREFIX = "code/"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    data: bytes       # the .tar.gz
+    sha256: str
+    files: int
+    size: int         # bytes of the files, before compression
+
+    @property
+    def key(self) -> str:
+        return f"{PREFIX}{self.sha256}.tar.gz"
+
+
+def _git_files(root: Path) -> list[str] | None:
+    """The files git tracks under root (relative paths), or None when root is not in a git work tree."""
+    try:
+        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return None
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached"], capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p and (root / p).is_file()]
+
+
+def _ignore_patterns(root: Path) -> list[str]:
+    path = root / IGNORE_FILE
+    if not path.exists():
+        return []
+    return [ln.strip().rstrip("/") for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def ignored(rel: str, patterns: list[str]) -> bool:
+    parts = rel.split("/")
+    return any(fnmatch.fnmatchcase(rel, p) or any(fnmatch.fnmatchcase(part, p) for part in parts) for p in patterns)
+
+
+def files_of(root: str | os.PathLike) -> list[str]:
+    """The relative paths a bundle of ``root`` holds, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"--workdir: {root} is not a directory")
+    tracked = _git_files(root)
+    if tracked is not None:
+        return sorted(tracked)
+    patterns = _ignore_patterns(root)
+    found = []
+    for dirpath, dirnames, names in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+
+        def rel(name: str) -> str:
+            return name if rel_dir == "." else f"{rel_dir}/{name}"
+
+        dirnames[:] = sorted(d for d in dirnames if not ignored(rel(d), patterns))
+        found += [rel(n) for n in names if not ignored(rel(n), patterns)]
+    return sorted(found)
+
+
+def pack(root: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Bundle:
+    """The reproducible .tar.gz of ``root``; a UsageError beyond ``max_bytes`` of files, naming the largest."""
+    root = Path(root)
+    rels = files_of(root)
+    if not rels:
+        raise UsageError(f"--workdir: {root} has no files to pack")
+    sizes = {rel: (root / rel).stat().st_size for rel in rels}
+    total = sum(sizes.values())
+    if total > max_bytes:
+        largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+        raise UsageError(f"--workdir: {root} holds {total / MB:.1f} MB to pack, over the bundle limit of "
+                         f"{max_bytes / MB:.0f} MB (largest: {', '.join(f'{r} {sizes[r] / MB:.1f} MB' for r in largest)}); "
+                         f"leave data out with {IGNORE_FILE} (or .gitignore) and read it from object storage")
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel in rels:
+                path = root / rel
+                info = tarfile.TarInfo(rel)
+                info.size = sizes[rel]
+                info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+    data = raw.getvalue()
+    return Bundle(data, hashlib.sha256(data).hexdigest(), len(rels), total)
+
+
+def store_base(bucket: str) -> str:
+    """The store a bundle goes to: ``s3://<bucket>/``, or the Azure checkpoints container URL as given."""
+    if "://" in bucket:
+        return bucket.rstrip("/") + "/"
+    return f"s3://{bucket}/"
+
+
+def upload(bundle: Bundle, bucket: str) -> tuple[str, bool]:
+    """Put the bundle under <store>/code/ unless it is there already: (its URI, whether it was uploaded)."""
+    from trainer.loop.storage import open_store
+
+    base = store_base(bucket)
+    store = open_store(base)
+    if store.exists(bundle.key):
+        return base + bundle.key, False
+    store.write_bytes(bundle.key, bundle.data)
+    return base + bundle.key, True
+
+
+def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
+    """The bundle at ``uri`` in the local cache (downloaded once), its SHA-256 checked against its name."""
+    from trainer.loop.storage import open_store
+
+    base, _, name = uri.rpartition("/" + PREFIX)
+    sha = name.removesuffix(".tar.gz")
+    path = Path(cache_dir) / name
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    open_store(base + "/").download_file(PREFIX + name, tmp)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    if digest != sha:
+        tmp.unlink()
+        raise ValueError(f"code bundle {uri}: its content has SHA-256 {digest}, not the one it is named by")
+    os.replace(tmp, path)
+    return path
+
+
+def unpack(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """A fresh copy of the bundle's files in ``dest`` (what an earlier attempt left there is removed)."""
+    dest = Path(dest)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(dest, filter="data")
+    return dest

@@ -1,0 +1,161 @@
+"""The job spec: one versioned JSON Schema (job.schema.json beside this file) that submit, the agent and the
+docs share, and the checks a schema cannot make (train's own flags, secrets written inline, the stack's size).
+
+Version 1: ``{"spec": 1, "job_id", "kind": "trainer"|"image"|"code", "args" | "image"+"command" |
+"code"+"command", "nodes", "gpus_per_node", "env", "timeout", "retries": {"on_error", "on_exit_codes"}}``.
+
+Messages without "spec" are version 0, today's ``{"job_id", "args"}`` of the built-in trainer: :func:`migrate`
+turns them into version 1 (kind trainer, every other field at its default), explicitly and only that shape.
+Every error is one line naming the field, the bad value and what is allowed (a UsageError).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from trainer.errors import UsageError
+
+SPEC_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("job.schema.json")
+KINDS = ("trainer", "image", "code")
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Variable names that would hold a secret: their values must come from SSM or Key Vault, not the message.
+SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|API_KEY", re.IGNORECASE)
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated spec-1 job; ``to_dict`` is its message."""
+
+    job_id: str
+    kind: str = "trainer"
+    args: tuple[str, ...] = ()
+    image: str | None = None
+    code: str | None = None
+    command: tuple[str, ...] = ()
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    env: dict = field(default_factory=dict)
+    timeout: int | None = None
+    retries: dict = field(default_factory=lambda: {"on_error": 0, "on_exit_codes": []})
+
+    def to_dict(self) -> dict:
+        out = {"spec": SPEC_VERSION, "job_id": self.job_id, "kind": self.kind}
+        if self.kind == "trainer":
+            out["args"] = list(self.args)
+        else:
+            out[self.kind] = self.image if self.kind == "image" else self.code
+            out["command"] = list(self.command)
+        out.update(nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=dict(self.env), timeout=self.timeout,
+                   retries=dict(self.retries))
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def check_job_id(job_id: object, where: str = "job_id") -> str:
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        raise UsageError(f"{where}: {job_id!r} is not allowed; expected 1-128 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
+    return job_id
+
+
+def migrate(raw: dict) -> dict:
+    """A version-0 message ({"job_id", "args"}, before the spec existed) as version 1: kind trainer."""
+    if set(raw) != {"job_id", "args"}:
+        raise UsageError(f"job message: no \"spec\" field, and not a version-0 message (exactly job_id and args); "
+                         f"got the keys {sorted(raw)}")
+    return {"spec": SPEC_VERSION, "job_id": raw["job_id"], "kind": "trainer", "args": raw["args"]}
+
+
+def _where(error) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return path.lstrip(".") or "job"
+
+
+def _message(error, raw: dict) -> str:
+    """One line for a schema error; the kind rules are told from the schema's own if/then branches."""
+    where = _where(error)
+    if error.validator == "not" and "then" in error.schema_path:
+        rule = next(b for b in schema()["allOf"] if b["then"]["not"] == error.validator_value)
+        wrong = sorted(k for alt in error.validator_value["anyOf"] for k in alt["required"] if k in raw)
+        return (f"kind {raw.get('kind')!r} takes {' and '.join(rule['then']['required'])}, "
+                f"not {', '.join(wrong)}")
+    if error.validator == "pattern" and error.absolute_path and error.absolute_path[0] == "image":
+        return f"image: {error.instance!r} is not a valid image reference; expected [registry/]name[:tag][@digest]"
+    if error.validator == "additionalProperties" and not error.absolute_path:
+        extra = sorted(set(raw) - set(schema()["properties"]))
+        return f"unknown field(s) {', '.join(extra)}; expected {', '.join(schema()['properties'])}"
+    if error.validator == "propertyNames" or (error.absolute_path and error.absolute_path[0] == "env"
+                                              and error.validator in ("not", "pattern")):
+        return (f"env: {error.instance!r} is not an allowed variable name; expected letters, digits and '_', "
+                "not starting with a digit or GPUFLEET_ (the agent's)")
+    if where == "job_id" and error.validator in ("pattern", "type"):
+        try:
+            check_job_id(error.instance)
+        except UsageError as exc:
+            return str(exc)
+    return error.message if where == "job" else f"{where}: {error.message}"
+
+
+def validate(raw: object, max_nodes: int | None = None) -> Job:
+    """A spec-1 job from its decoded message (version 0 migrated), or UsageError with one line."""
+    if not isinstance(raw, dict):
+        raise UsageError(f"job message: expected a JSON object, got {type(raw).__name__}")
+    if "spec" not in raw:
+        raw = migrate(raw)
+    job_id = raw.get("job_id")
+    name = f"job {job_id}" if isinstance(job_id, str) and JOB_ID.match(job_id) else "job"
+    if raw.get("spec") != SPEC_VERSION:
+        raise UsageError(f"{name}: spec {raw.get('spec')!r} is not supported; expected {SPEC_VERSION}")
+    import jsonschema
+
+    errors = sorted(_validator().iter_errors(raw), key=jsonschema.exceptions.relevance)
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        raise UsageError(f"{name}: {_message(best, raw)}")
+    defaults = schema()["properties"]["retries"]["properties"]
+    retries = {k: raw.get("retries", {}).get(k, v["default"]) for k, v in defaults.items()}
+    job = Job(job_id=job_id, kind=raw["kind"], args=tuple(raw.get("args", ())), image=raw.get("image"),
+              code=raw.get("code"), command=tuple(raw.get("command", ())), nodes=raw.get("nodes", 1),
+              gpus_per_node=raw.get("gpus_per_node"), env=dict(raw.get("env", {})), timeout=raw.get("timeout"),
+              retries=retries)
+    for key, value in job.env.items():
+        if isinstance(value, str) and SECRET_NAME.search(key):
+            raise UsageError(f"{name}: env {key}: a secret does not belong in the job message; give the name of an "
+                             "SSM parameter ({\"ssm\": NAME}, --env-from KEY=ssm:NAME) or a Key Vault secret")
+    if max_nodes is not None and job.nodes > max_nodes:
+        raise UsageError(f"{name}: nodes: {job.nodes} is not allowed; the stack runs at most {max_nodes} node(s)")
+    if job.kind == "trainer":
+        from trainer.loop.config import parse_args
+
+        try:
+            parse_args(list(job.args))
+        except UsageError as exc:
+            raise UsageError(f"{name}: {exc}") from None
+    return job
+
+
+def parse_job(body: str, max_nodes: int | None = None) -> Job:
+    """A job from a queue message body (JSON), checked as :func:`validate` does."""
+    try:
+        raw = json.loads(body)
+    except ValueError as exc:
+        raise UsageError(f"job message: not JSON ({exc})") from None
+    return validate(raw, max_nodes)

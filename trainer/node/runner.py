@@ -1,0 +1,197 @@
+"""How a job runs on a node: its environment, the docker argv of a container job, the process of a code bundle
+or the built-in trainer, and the stop contract.
+
+The environment of every job (DESIGN.md): GPUFLEET_JOB_ID, GPUFLEET_ATTEMPT, GPUFLEET_CHECKPOINT_URI (the job's
+own prefix), GPUFLEET_NNODES, GPUFLEET_NODE_RANK, GPUFLEET_NPROC_PER_NODE, GPUFLEET_RDZV_ENDPOINT (head:port)
+and GPUFLEET_STOP_FILE, plus the job's own env and the node's NCCL settings (/etc/gpufleet/container.env in a
+container; the agent's environment, which systemd reads from /etc/gpufleet/nccl.env, for a code bundle).
+
+The stop contract: on a stop notice, a terminate lifecycle action, a cancel or the timeout, the job gets SIGTERM
+(a container through ``docker stop`` with a grace that fits the notice, then SIGKILL; a code bundle's process
+group, SIGKILL after the same grace) and the stop file appears (in a container ``/gpufleet/stop``). Exit 75
+means "checkpointed, requeue me now"; 0 done; anything else a failure.
+
+The derivations (:func:`node_facts`, :func:`job_environment`, :func:`docker_argv`, :func:`stop_grace`) are pure.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("gpufleet.runner")
+
+CONTROL_DIR = "/gpufleet"            # in a container: the job's control directory (the stop file lives there)
+STOP_FILE = "stop"
+CONTAINER_ENV_FILE = "/etc/gpufleet/container.env"
+SCRATCH = "/mnt/scratch"
+# Seconds from SIGTERM to SIGKILL. A spot notice comes 2 minutes ahead on AWS (the watcher polls every 2 s) and
+# at least 30 s ahead on Azure (Scheduled Events Preempt); a cancel, the timeout or the in-flight limit leave
+# time up to the agent unit's TimeoutStopSec (300 s).
+NOTICE_GRACE_S = {"aws": 100, "azure": 20}
+DEFAULT_GRACE_S = 240
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the argv needs to know of the node: its cloud, GPUs and fabric devices."""
+
+    cloud: str | None
+    gpus: int
+    efa: int = 0               # EFA devices (/dev/infiniband/uverbs0..efa-1)
+    infiniband: bool = False   # Azure InfiniBand (all of /dev/infiniband)
+
+
+def node_facts(node: dict, instance_type: str | None, gpus_found: int) -> NodeFacts:
+    """The node's facts from node.json's instance_types entry of its type (the only entry when the type is not
+    known); GPUs as found on the machine (preflight checked them against the entry)."""
+    types = node.get("instance_types") or {}
+    row = types.get(instance_type) if instance_type else None
+    if row is None and len(types) == 1:
+        row = next(iter(types.values()))
+    row = row or {}
+    return NodeFacts(node.get("cloud"), gpus_found, int(row.get("efa", 0)), int(row.get("infiniband_gbps", 0)) > 0)
+
+
+def stop_grace(cloud: str | None, notice: bool) -> int:
+    """Seconds a stopping job has from SIGTERM to SIGKILL: what the cloud's notice leaves, else the default."""
+    return NOTICE_GRACE_S.get(cloud, DEFAULT_GRACE_S) if notice else DEFAULT_GRACE_S
+
+
+def job_environment(job_id: str, attempt: int, checkpoint_uri: str, nnodes: int, node_rank: int, nproc: int,
+                    rdzv_endpoint: str, stop_file: str, env: dict[str, str]) -> dict[str, str]:
+    """The job's own env (secrets already resolved) and the GPUFLEET_* variables, which win."""
+    return {**env,
+            "GPUFLEET_JOB_ID": job_id, "GPUFLEET_ATTEMPT": str(attempt), "GPUFLEET_CHECKPOINT_URI": checkpoint_uri,
+            "GPUFLEET_NNODES": str(nnodes), "GPUFLEET_NODE_RANK": str(node_rank),
+            "GPUFLEET_NPROC_PER_NODE": str(nproc), "GPUFLEET_RDZV_ENDPOINT": rdzv_endpoint,
+            "GPUFLEET_STOP_FILE": stop_file}
+
+
+def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], facts: NodeFacts,
+                gpus: int | None, control_dir: str, grace_s: int, secret_names: tuple[str, ...] = (),
+                scratch: bool = True, container_env_file: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
+    """`docker run` of a container job: the job's GPUs, every EFA/InfiniBand device, host network (the instance
+    role's credentials through IMDSv2 keep their hop limit of 1) and IPC, memlock unlimited, /mnt/scratch, the
+    node's NCCL settings, the job's environment and its control directory. GPU flags only on a node with GPUs.
+
+    ``secret_names`` are passed by name only (docker reads their values from its own environment), so no secret
+    shows in the argv. ``extra`` is for tests (mounts of the host's Python); production passes none.
+    """
+    argv = ["docker", "run", "--rm", "--name", name, "--label", "gpufleet.job", "--init",
+            "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
+            "--stop-signal", "SIGTERM", "--stop-timeout", str(grace_s)]
+    want = facts.gpus if gpus is None else min(gpus, facts.gpus)
+    if facts.gpus > 0 and want > 0:
+        devices = "all" if want == facts.gpus else '"device=' + ",".join(str(i) for i in range(want)) + '"'
+        argv += ["--runtime", "nvidia", "--gpus", devices]
+    for i in range(facts.efa):
+        argv += ["--device", f"/dev/infiniband/uverbs{i}"]
+    if facts.infiniband:
+        argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
+    if scratch:
+        argv += ["--volume", f"{SCRATCH}:{SCRATCH}"]
+    argv += ["--volume", f"{control_dir}:{CONTROL_DIR}"]
+    if container_env_file:
+        argv += ["--env-file", CONTAINER_ENV_FILE]
+    for key in sorted(env):
+        argv += ["--env", key if key in secret_names else f"{key}={env[key]}"]
+    return [*argv, *extra, image, *command]
+
+
+def code_environment(base: dict[str, str], job_env: dict[str, str], python_bin: str) -> dict[str, str]:
+    """A code bundle's environment: the agent's (the node's NCCL settings included), the node image's Python first
+    on PATH (so `python` and `torchrun` are the image's), then the job's."""
+    path = os.pathsep.join(filter(None, [python_bin, base.get("PATH", os.defpath)]))
+    return {**base, "PATH": path, **job_env}
+
+
+class Running:
+    """One attempt's process: ``wait()`` its exit status, ``stop(grace_s)`` from any thread."""
+
+    def __init__(self, proc: subprocess.Popen, stop_file: Path | None = None):
+        self.proc, self.stop_file = proc, stop_file
+        self.stop_requested = False
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def signal_stop(self) -> None:
+        """The stop file, for code that polls."""
+        if self.stop_file is not None:
+            self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+            self.stop_file.write_text("stop\n")
+
+    def stop(self, grace_s: int) -> None:
+        raise NotImplementedError
+
+
+class TrainerRun(Running):
+    """The built-in trainer (torchrun through trainer.node.launch, or one process): its own handler checkpoints."""
+
+    def __init__(self, proc: subprocess.Popen, workers: bool):
+        super().__init__(proc)
+        self.workers = workers
+
+    def stop(self, grace_s: int) -> None:
+        self.stop_requested = True
+        targets = children(self.proc.pid) if self.workers else []
+        for pid in targets or [self.proc.pid]:  # torchrun's workers directly, so that torchrun sees their 75
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+class ProcessGroupRun(Running):
+    """A code bundle's command in its own session: SIGTERM to the group, SIGKILL after the grace."""
+
+    def stop(self, grace_s: int) -> None:
+        self.stop_requested = True
+        self.signal_stop()
+        self._kill(signal.SIGTERM)
+        timer = threading.Timer(grace_s, self._kill, (signal.SIGKILL,))
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self, sig: int) -> None:
+        if self.proc.poll() is not None and sig == signal.SIGKILL:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class ContainerRun(Running):
+    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init)."""
+
+    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str]):
+        super().__init__(proc, stop_file)
+        self.name, self.docker_env = name, docker_env
+
+    def stop(self, grace_s: int) -> None:
+        self.stop_requested = True
+        self.signal_stop()
+        threading.Thread(target=self._docker_stop, args=(grace_s,), name="docker-stop", daemon=True).start()
+
+    def _docker_stop(self, grace_s: int) -> None:
+        done = subprocess.run(["docker", "stop", "--time", str(grace_s), self.name], env=self.docker_env,
+                              capture_output=True, text=True)
+        if done.returncode != 0 and self.proc.poll() is None:
+            log.warning("docker stop %s: %s", self.name, done.stderr.strip())
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in task.read_text().split()]
+        except OSError:
+            pass
+    return found
