@@ -19,8 +19,8 @@ def test_wheel_is_named_by_the_manifest_and_declares_the_console_script(trainer_
         entry_points = wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "gpufleet-trainer = trainer.__main__:main" in entry_points
     assert {"trainer/__init__.py", "trainer/loop/train.py", "trainer/node/preflight.py", "trainer/jobs/queue.py",
-            "trainer/clouds/aws.py", "trainer/clouds/azure.py", "trainer/clouds/tencent.py",
-            "trainer/clouds/tencent_api.py"} <= set(names)
+            "trainer/jobs/job.schema.json", "trainer/clouds/aws.py", "trainer/clouds/azure.py",
+            "trainer/clouds/tencent.py", "trainer/clouds/tencent_api.py"} <= set(names)
 
 
 def test_wheel_contains_the_module_entry_point(trainer_wheel_dir, manifest):

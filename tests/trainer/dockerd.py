@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -72,6 +73,10 @@ class Dockerd:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        for line in Path("/proc/mounts").read_text().splitlines():  # dockerd leaves its netns mount behind
+            where = line.split()[1]
+            if where.startswith(f"{self.root}/"):
+                subprocess.run(["umount", "-l", where], check=False)
 
 
 def _libraries() -> set[Path]:
@@ -134,6 +139,15 @@ def build_example_image(d: Dockerd, work: Path) -> None:
              "--build-arg", "PIP_INSTALL=", "-t", EXAMPLE_IMAGE, str(context))
 
 
+def sandbox_flags() -> tuple[str, ...]:
+    """This machine may not raise locked memory beyond its own limit (no CAP_SYS_RESOURCE), so the production
+    `--ulimit memlock=-1:-1` is overridden (docker keeps the last value per limit) with the current one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if hard == resource.RLIM_INFINITY:
+        return ()
+    return ("--ulimit", f"memlock={soft}:{hard}")
+
+
 def host_python_flags(extra_env: dict[str, str] | None = None) -> tuple[str, ...]:
     """Test-only `docker run` flags: the host's Python and venv read-only at their own paths, the loopback guard
     first on PYTHONPATH (its log writable), and the tests' AWS settings (moto server, fake credentials)."""
@@ -146,7 +160,7 @@ def host_python_flags(extra_env: dict[str, str] | None = None) -> tuple[str, ...
                                         "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED") if k in os.environ}
     for k, v in {**passed, **(extra_env or {})}.items():
         flags += ["--env", f"{k}={v}"]
-    return tuple(flags)
+    return (*sandbox_flags(), *flags)
 
 
 @pytest.fixture(scope="session")

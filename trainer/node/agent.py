@@ -164,6 +164,7 @@ class Agent:
             from trainer.node.preflight import HostProbe
 
             nproc = HostProbe().gpu_count()
+        self.gpus = nproc  # the GPUs of this node (the trainer's process count, which gang mode raises to 1)
         self.nproc = nproc
         self.platform = platform or open_platform(node)
         namespace = node.get("metric_namespace") or metric_names.namespace(node.get("stack", "default"))
@@ -228,9 +229,9 @@ class Agent:
     def check(self, msg: Message) -> Job:
         """The message's job if it is valid and fits this node; UsageError (one line) otherwise."""
         job = parse_job(msg.body, max_nodes=self.max_nodes)
-        if job.gpus_per_node and job.gpus_per_node > self.nproc:
+        if job.gpus_per_node and job.gpus_per_node > self.gpus:
             raise UsageError(f"job {job.job_id}: gpus_per_node: {job.gpus_per_node} is more than this node's "
-                             f"{self.nproc} GPU(s)")
+                             f"{self.gpus} GPU(s)")
         return job
 
     def handle(self, msg: Message) -> int:
@@ -335,14 +336,14 @@ class Agent:
         control = job_dir / "control"
         control.mkdir(parents=True, exist_ok=True)
         (control / STOP_FILE).unlink(missing_ok=True)
-        gpus = self.nproc if job.gpus_per_node is None else job.gpus_per_node
+        gpus = self.gpus if job.gpus_per_node is None else job.gpus_per_node
         values, secrets = self._job_env(job)
         inside = CONTROL_DIR if job.kind == "image" else str(control)
         env = job_environment(job.job_id, attempt, self.checkpoint_uri(job), nnodes, node_rank, max(1, gpus), rdzv,
                               f"{inside}/{STOP_FILE}", values)
         if job.kind == "image":
             facts = node_facts(self.node, self.platform.instance_type() if self.node.get("instance_types") else None,
-                               self.nproc)
+                               self.gpus)
             name = f"gpufleet-{job.job_id}-{attempt}-{uuid.uuid4().hex[:6]}"
             argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
                                self.grace(notice=False), tuple(secrets),

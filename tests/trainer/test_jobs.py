@@ -1,0 +1,145 @@
+"""The job spec (one schema, version-0 messages migrated), code bundles (what is packed, reproducibly, checked
+on fetch), the user API off the cluster, and a bad spec that reaches a node (moto server): one log line, then
+the dead-letter queue."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import boto3
+import pytest
+import torch
+
+from tests.trainer.aws import counts
+from trainer.errors import UsageError
+from trainer.jobs import api, bundle
+from trainer.jobs.spec import SCHEMA_PATH, Job, migrate, parse_job, schema, validate
+from trainer.node.agent import Agent
+from trainer.clouds.aws import SqsJobQueue
+
+SHA = "0" * 64
+
+
+def test_the_schema_names_every_field_of_the_job():
+    props = schema()["properties"]
+    assert list(props) == ["spec", "job_id", "kind", "args", "image", "code", "command", "nodes", "gpus_per_node",
+                           "env", "timeout", "retries"]
+    assert set(Job.__dataclass_fields__) == set(props) - {"spec"}
+    assert SCHEMA_PATH.name == "job.schema.json" and props["kind"]["enum"] == ["trainer", "image", "code"]
+
+
+def test_version_0_messages_are_migrated_to_trainer_jobs():
+    assert migrate({"job_id": "j", "args": ["--steps", "2"]}) == {"spec": 1, "job_id": "j", "kind": "trainer",
+                                                                  "args": ["--steps", "2"]}
+    job = parse_job(json.dumps({"job_id": "j", "args": ["--steps", "2"]}))
+    assert job == Job("j", "trainer", args=("--steps", "2"))
+    assert validate(job.to_dict()) == job  # what submit sends is what the agent reads
+    with pytest.raises(UsageError, match=r"no \"spec\" field, and not a version-0 message"):
+        parse_job(json.dumps({"job_id": "j", "image": "x"}))
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"kind": "image", "image": "a:1"}, "job j: 'command' is a required property"),
+    ({"kind": "trainer", "args": [], "command": ["x"]}, "job j: kind 'trainer' takes args, not command"),
+    ({"kind": "code", "code": "s3://b/code/abc.tar.gz", "command": ["x"]}, "job j: code: 's3://b/code/abc.tar.gz' "
+                                                                           "does not match"),
+    ({"kind": "image", "image": "a:1", "command": ["x"], "gpus": 2}, "job j: unknown field(s) gpus; expected spec,"),
+    ({"kind": "image", "image": "team/Train:1", "command": ["x"]}, "image: 'team/Train:1' is not a valid image reference"),
+    ({"kind": "image", "image": "a:1", "command": ["x"], "retries": {"on_error": -1}},
+     "job j: retries.on_error: -1 is less than the minimum of 0"),
+    ({"kind": "image", "image": "a:1", "command": ["x"], "env": {"X": 1}}, "job j: env.X: 1 is not valid"),
+])
+def test_bad_specs_are_one_line(raw, message):
+    with pytest.raises(UsageError) as err:
+        validate({"spec": 1, "job_id": "j", **raw})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("ref", ["ubuntu", "ubuntu:22.04", "nvcr.io/nvidia/pytorch:24.05-py3",
+                                 "localhost:5000/a/b_c:1", "123456789012.dkr.ecr.eu-west-1.amazonaws.com/gpufleet-dev:t",
+                                 "public.ecr.aws/x/y@sha256:" + "a" * 64])
+def test_valid_image_references(ref):
+    assert validate({"spec": 1, "job_id": "j", "kind": "image", "image": ref, "command": ["x"]}).image == ref
+
+
+def test_bundles_are_reproducible_and_hold_what_git_tracks(tmp_path):
+    work = tmp_path / "w"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "a.py").write_text("A = 1\n")
+    (work / "run.sh").write_text("#!/bin/sh\n")
+    (work / "run.sh").chmod(0o755)
+    (work / "out").mkdir()
+    (work / "out" / "big.ckpt").write_bytes(b"x" * 10)
+    (work / ".gpufleetignore").write_text("out/\n*.pyc\n")
+    first = bundle.pack(work)
+    (work / "src" / "a.pyc").write_bytes(b"compiled")
+    (work / "run.sh").touch()  # a new mtime changes nothing
+    assert bundle.pack(work).sha256 == first.sha256
+    assert bundle.files_of(work) == [".gpufleetignore", "run.sh", "src/a.py"]
+
+    git = ["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "src/a.py", "run.sh"], check=True)
+    assert bundle.files_of(work) == ["run.sh", "src/a.py"]  # in a repository: what git tracks
+    assert bundle.files_of(work / "src") == ["a.py"]
+
+    unpacked = bundle.unpack(_saved(bundle.pack(work), tmp_path), tmp_path / "job" / "code")
+    assert sorted(p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*") if p.is_file()) == \
+        ["run.sh", "src/a.py"]
+    assert (unpacked / "run.sh").stat().st_mode & 0o777 == 0o755
+
+
+def _saved(b: bundle.Bundle, tmp_path):
+    path = tmp_path / f"{b.sha256}.tar.gz"
+    path.write_bytes(b.data)
+    return path
+
+
+def test_a_bundle_whose_content_does_not_match_its_name_is_refused(tmp_path):
+    store = tmp_path / "store"
+    (store / "code").mkdir(parents=True)
+    (store / "code" / f"{SHA}.tar.gz").write_bytes(b"not what the name says")
+    with pytest.raises(ValueError, match="its content has SHA-256 .*, not the one it is named by"):
+        bundle.fetch(f"{store}/code/{SHA}.tar.gz", tmp_path / "cache")
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_user_api_off_the_cluster(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("GPUFLEET_CHECKPOINT_URI", "GPUFLEET_STOP_FILE", "GPUFLEET_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert api.checkpoint_uri() == "checkpoints" and api.info().job_id == "local"
+    ckpt = api.Checkpointer()
+    assert ckpt.restore() == (0, None)
+    ckpt.save(3, {"model": {"w": torch.ones(2)}, "meta": {"epoch": 1}})
+    step, state = api.Checkpointer().restore()
+    assert step == 3 and torch.equal(state["model"]["w"], torch.ones(2)) and state["meta"] == {"epoch": 1}
+    assert (tmp_path / "checkpoints" / "step-000000003.json").exists()  # the trainer's commit protocol
+    stop = tmp_path / "stop"
+    monkeypatch.setenv("GPUFLEET_STOP_FILE", str(stop))
+    assert not api.stop_requested()
+    stop.touch()
+    assert api.stop_requested()
+
+
+def test_a_bad_spec_that_reaches_a_node_is_dead_lettered_with_one_log_line(moto_endpoint, tmp_path, caplog):
+    sqs = boto3.client("sqs")
+    dlq = sqs.create_queue(QueueName="jobs-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    url = sqs.create_queue(QueueName="jobs", Attributes={
+        "VisibilityTimeout": "1", "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "2"})
+    })["QueueUrl"]
+    body = {"spec": 1, "job_id": "bad", "kind": "image", "image": "Not A Ref", "command": ["python"]}
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps(body))
+    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0)
+    assert a.serve(once=True) == 1
+    (line,) = [r for r in caplog.records if "invalid job" in r.getMessage()]
+    assert line.getMessage().endswith("invalid job, left for the dead-letter queue: job bad: image: 'Not A Ref' is "
+                                      "not a valid image reference; expected [registry/]name[:tag][@digest]")
+    time.sleep(1.2)
+    assert a.serve(once=True) == 1
+    time.sleep(1.2)
+    assert a.serve(once=True) == 0 and counts(sqs, url) == (0, 0)
+    (moved,) = sqs.receive_message(QueueUrl=dlq)["Messages"]
+    assert json.loads(moved["Body"]) == body
