@@ -10,6 +10,7 @@ examples/Dockerfile on that base, so the tests run the Dockerfile and the script
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import resource
@@ -151,11 +152,14 @@ def sandbox_flags() -> tuple[str, ...]:
 def host_python_flags(extra_env: dict[str, str] | None = None) -> tuple[str, ...]:
     """Test-only `docker run` flags: the host's Python and venv read-only at their own paths, the loopback guard
     first on PYTHONPATH (its log writable), and the tests' AWS settings (moto server, fake credentials)."""
-    log_dir = Path(os.environ["GPUFLEET_LOOPBACK_LOG"]).parent
     flags = ["--volume", f"{PREFIX}:{PREFIX}:ro", "--volume", f"{VENV}:{VENV}:ro",
-             "--volume", f"{GUARD_DIR}:/guard:ro", "--volume", f"{log_dir}:{log_dir}",
-             "--env", f"PATH={VENV}/bin:/usr/bin:/bin", "--env", "PYTHONPATH=/guard:/opt/gpufleet",
-             "--env", f"GPUFLEET_LOOPBACK_LOG={os.environ['GPUFLEET_LOOPBACK_LOG']}"]
+             "--env", f"PATH={VENV}/bin:/usr/bin:/bin"]
+    guard_log = os.environ.get("GPUFLEET_LOOPBACK_LOG")  # set under pytest; the benchmarks run without the guard
+    if guard_log:
+        log_dir = Path(guard_log).parent
+        flags += ["--volume", f"{GUARD_DIR}:/guard:ro", "--volume", f"{log_dir}:{log_dir}",
+                  "--env", f"GPUFLEET_LOOPBACK_LOG={guard_log}"]
+    flags += ["--env", f"PYTHONPATH={'/guard:' if guard_log else ''}/opt/gpufleet"]
     passed = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                         "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED") if k in os.environ}
     for k, v in {**passed, **(extra_env or {})}.items():
@@ -163,16 +167,24 @@ def host_python_flags(extra_env: dict[str, str] | None = None) -> tuple[str, ...
     return (*sandbox_flags(), *flags)
 
 
-@pytest.fixture(scope="session")
-def dockerd():
-    """A Docker daemon of this session, with the example image built; DOCKER_HOST for whoever runs docker."""
-    if not shutil.which("dockerd") or os.geteuid() != 0:
-        pytest.skip("needs dockerd (Debian's docker.io) and root")
+@contextlib.contextmanager
+def running_dockerd():
+    """A Docker daemon on a private socket and data root, with the example image built; removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix="gpufleet-dockerd-", dir="/tmp"))
-    d = Dockerd(root).start()
+    d = Dockerd(root)
     try:
+        d.start()
         build_example_image(d, root)
         yield d
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    """The session's Docker daemon (DOCKER_HOST=dockerd.host for whoever runs docker)."""
+    if not shutil.which("dockerd") or os.geteuid() != 0:
+        pytest.skip("needs dockerd (Debian's docker.io) and root")
+    with running_dockerd() as d:
+        yield d

@@ -3,6 +3,7 @@ on fetch), the user API off the cluster, and a bad spec that reaches a node (mot
 the dead-letter queue."""
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import time
@@ -92,17 +93,20 @@ def test_bundles_are_reproducible_and_hold_what_git_tracks(tmp_path):
 
 def _saved(b: bundle.Bundle, tmp_path):
     path = tmp_path / f"{b.sha256}.tar.gz"
-    path.write_bytes(b.data)
+    path.write_bytes(b.gzipped())
     return path
 
 
 def test_a_bundle_whose_content_does_not_match_its_name_is_refused(tmp_path):
     store = tmp_path / "store"
     (store / "code").mkdir(parents=True)
-    (store / "code" / f"{SHA}.tar.gz").write_bytes(b"not what the name says")
+    (store / "code" / f"{SHA}.tar.gz").write_bytes(gzip.compress(b"not what the name says"))
     with pytest.raises(ValueError, match="its content has SHA-256 .*, not the one it is named by"):
         bundle.fetch(f"{store}/code/{SHA}.tar.gz", tmp_path / "cache")
     assert not list((tmp_path / "cache").iterdir())
+    good = bundle.pack(tmp_path / "store")  # any directory; stored as submit stores it
+    (store / "code" / f"{good.sha256}.tar.gz").write_bytes(good.gzipped())
+    assert bundle.fetch(f"{store}/code/{good.sha256}.tar.gz", tmp_path / "cache").exists()
 
 
 def test_user_api_off_the_cluster(tmp_path, monkeypatch):

@@ -4,8 +4,9 @@ by the agent into the job's work directory.
 What is packed: in a git repository, the files git tracks under the directory (their working-tree contents);
 elsewhere every file except those a ``.gpufleetignore`` names (one fnmatch pattern a line, ``#`` comments; a
 pattern matches a path relative to the directory or any of its components). The archive is reproducible
-(sorted, mtime 0, owner root, modes 0644/0755), so the same files give the same SHA-256 and the bundle lives at
-``<store>/code/<sha256>.tar.gz``: a second submit of unchanged files uploads nothing.
+(sorted, mtime 0, owner root, modes 0644/0755), so the same files give the same SHA-256 of the tar stream, and
+the bundle lives gzipped at ``<store>/code/<sha256>.tar.gz``: a second submit of unchanged files hashes them
+and uploads nothing (compression happens only for an upload). The agent checks the hash after download.
 """
 from __future__ import annotations
 
@@ -30,14 +31,17 @@ PREFIX = "code/"
 
 @dataclass(frozen=True)
 class Bundle:
-    data: bytes       # the .tar.gz
-    sha256: str
+    tar: bytes        # the reproducible tar stream
+    sha256: str       # of ``tar``
     files: int
-    size: int         # bytes of the files, before compression
+    size: int         # bytes of the files
 
     @property
     def key(self) -> str:
         return f"{PREFIX}{self.sha256}.tar.gz"
+
+    def gzipped(self) -> bytes:
+        return gzip.compress(self.tar, compresslevel=6, mtime=0)
 
 
 def _git_files(root: Path) -> list[str] | None:
@@ -100,16 +104,15 @@ def pack(root: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Bundle:
                          f"{max_bytes / MB:.0f} MB (largest: {', '.join(f'{r} {sizes[r] / MB:.1f} MB' for r in largest)}); "
                          f"leave data out with {IGNORE_FILE} (or .gitignore) and read it from object storage")
     raw = io.BytesIO()
-    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for rel in rels:
-                path = root / rel
-                info = tarfile.TarInfo(rel)
-                info.size = sizes[rel]
-                info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in rels:
+            path = root / rel
+            info = tarfile.TarInfo(rel)
+            info.size = sizes[rel]
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
     data = raw.getvalue()
     return Bundle(data, hashlib.sha256(data).hexdigest(), len(rels), total)
 
@@ -129,12 +132,13 @@ def upload(bundle: Bundle, bucket: str) -> tuple[str, bool]:
     store = open_store(base)
     if store.exists(bundle.key):
         return base + bundle.key, False
-    store.write_bytes(bundle.key, bundle.data)
+    store.write_bytes(bundle.key, bundle.gzipped())
     return base + bundle.key, True
 
 
 def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
-    """The bundle at ``uri`` in the local cache (downloaded once), its SHA-256 checked against its name."""
+    """The bundle at ``uri`` in the local cache (downloaded once), the SHA-256 of its tar stream checked against
+    its name."""
     from trainer.loop.storage import open_store
 
     base, _, name = uri.rpartition("/" + PREFIX)
@@ -145,7 +149,14 @@ def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".part")
     open_store(base + "/").download_file(PREFIX + name, tmp)
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    try:
+        h = hashlib.sha256()
+        with gzip.open(tmp, "rb") as stream:
+            while chunk := stream.read(8 * MB):
+                h.update(chunk)
+        digest = h.hexdigest()
+    except (OSError, EOFError):
+        digest = "of no gzip stream"
     if digest != sha:
         tmp.unlink()
         raise ValueError(f"code bundle {uri}: its content has SHA-256 {digest}, not the one it is named by")

@@ -154,7 +154,8 @@ class Agent:
     def __init__(self, queue: JobQueue, bucket: str, node: dict, work_dir: str | os.PathLike,
                  visibility_s: int = 600, wait_s: int = 20, nproc: int | None = None,
                  platform: Platform | None = None, emitter=None, emf_interval_s: float = 60.0,
-                 container_extra: tuple[str, ...] = (), watch_s: float = 2.0, stop_grace_s: int | None = None):
+                 container_extra: tuple[str, ...] = (), watch_s: float = 2.0, stop_grace_s: int | None = None,
+                 job_stdout=None):
         from trainer.node.emf import Emitter
 
         self.queue, self.bucket, self.node = queue, bucket, node
@@ -173,6 +174,7 @@ class Agent:
         self.container_extra = tuple(container_extra)  # tests only: extra `docker run` flags (host mounts)
         self.watch_s = watch_s  # how often a user job's stop notices are polled
         self.stop_grace_s = stop_grace_s  # SIGTERM to SIGKILL of user code; None: what the notice leaves
+        self.job_stdout = job_stdout  # where jobs write (None: the agent's own output)
         self.stopping: str | None = None
         self.idle = "no job in the queue"  # logged when --once finds nothing to do
         self._running: Running | None = None
@@ -362,7 +364,8 @@ class Agent:
         return ProcessGroupRun(self._popen(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
 
     def _popen(self, cmd: list[str], **kw) -> subprocess.Popen:
-        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **kw)
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, stdout=self.job_stdout,
+                                **kw)
 
     def _job_env(self, job: Job) -> tuple[dict[str, str], dict[str, str]]:
         """The job's env: (plain values, secrets read through the node's identity)."""

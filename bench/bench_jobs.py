@@ -1,0 +1,95 @@
+"""Job runtime figures, on a private Docker daemon (tests/trainer/dockerd.py: the example image from a local base,
+the host's Python mounted into it) and a moto server on loopback.
+
+- container_job_overhead_s: from the agent starting an attempt to the user's first line of output, for a container
+  job minus the same for a code-bundle job (bundle downloaded once, unpacked every attempt), median of ROUNDS
+  alternating pairs; the user program prints at once, so this is the runtime's own cost, not torch's import.
+  container_first_line_s and code_first_line_s are the two medians.
+- code_bundle_upload_s: `submit --workdir`'s pack and upload of a 50 MB directory (50 files of random bytes) to S3;
+  code_bundle_resubmit_s: the same submit again, which finds the bundle by its SHA-256 and uploads nothing.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROUNDS = 3
+FIRST_LINE = "import sys; print('first line', flush=True)"
+MB = 1000 * 1000
+
+
+def first_line_s(agent, job) -> float:
+    started = time.perf_counter()
+    run = agent.start(job, 1, 1, 0, "127.0.0.1:29400", None)
+    line = run.proc.stdout.readline()
+    elapsed = time.perf_counter() - started
+    assert line.strip() == b"first line", line
+    assert run.wait() == 0
+    return elapsed
+
+
+def run() -> dict[str, dict]:
+    import boto3
+
+    from bench.bench_trainer import moto_server
+    from tests.trainer.dockerd import EXAMPLE_IMAGE, host_python_flags, running_dockerd
+    from trainer.jobs import bundle
+    from trainer.jobs.spec import Job
+    from trainer.node.agent import Agent
+
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL", "DOCKER_HOST"]}
+    try:
+        with moto_server() as url, running_dockerd() as docker, tempfile.TemporaryDirectory() as tmp:
+            os.environ.update(env, AWS_ENDPOINT_URL=url, DOCKER_HOST=docker.host)
+            boto3.client("s3").create_bucket(Bucket="bench",
+                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            work = Path(tmp)
+            big = work / "big"
+            big.mkdir()
+            for i in range(50):
+                (big / f"part-{i:02d}.bin").write_bytes(os.urandom(MB))
+            started = time.perf_counter()
+            uri, sent = bundle.upload(bundle.pack(big), "bench")
+            upload_s = time.perf_counter() - started
+            started = time.perf_counter()
+            again, sent_again = bundle.upload(bundle.pack(big), "bench")
+            resubmit_s = time.perf_counter() - started
+            assert sent and not sent_again and again == uri
+
+            small = work / "small"
+            small.mkdir()
+            (small / "main.py").write_text(FIRST_LINE + "\n")
+            code_uri, _ = bundle.upload(bundle.pack(small), "bench")
+            agent = Agent(None, "bench", {}, work / "agent", nproc=0, container_extra=host_python_flags(),
+                          job_stdout=subprocess.PIPE)
+            image_job = Job("bench-image", "image", image=EXAMPLE_IMAGE, command=("python", "-c", FIRST_LINE))
+            code_job = Job("bench-code", "code", code=code_uri, command=("python", "main.py"))
+            container, code = [], []
+            for i in range(ROUNDS):
+                for job, into in ((image_job, container), (code_job, code))[:: 1 if i % 2 == 0 else -1]:
+                    into.append(first_line_s(agent, job))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    container_s, code_s = statistics.median(container), statistics.median(code)
+    return {
+        "container_job_overhead_s": {"value": container_s - code_s, "unit": "s", "target": "< 1.5"},
+        "container_first_line_s": {"value": container_s, "unit": "s", "target": ""},
+        "code_first_line_s": {"value": code_s, "unit": "s", "target": ""},
+        "code_bundle_upload_s": {"value": upload_s, "unit": "s", "target": "< 10 (50 MB)"},
+        "code_bundle_resubmit_s": {"value": resubmit_s, "unit": "s", "target": "no upload"},
+    }
