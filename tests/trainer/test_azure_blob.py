@@ -136,3 +136,17 @@ def test_sharded_checkpoints_resume_exactly_from_blob(env, tmp_path, monkeypatch
         return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
     assert losses(metrics) == losses(whole)
+
+
+def test_code_bundles_go_to_the_checkpoints_container_once(env, tmp_path):
+    from trainer.jobs import bundle
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text(f"print({uuid.uuid4().hex!r})\n")
+    packed = bundle.pack(work)
+    uri, sent = bundle.upload(packed, "az://checkpoints")
+    assert (uri, sent) == (f"az://checkpoints/code/{packed.sha256}.tar.gz", True)
+    assert bundle.upload(bundle.pack(work), "az://checkpoints") == (uri, False)
+    unpacked = bundle.unpack(bundle.fetch(uri, tmp_path / "cache"), tmp_path / "code")
+    assert (unpacked / "train.py").read_text() == (work / "train.py").read_text()

@@ -50,7 +50,8 @@ GANG_POLL_S = 2.0  # how often a gang node looks at the assignment object
 
 
 def default_checkpoint_uri(bucket: str, job_id: str) -> str:
-    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL, on Tencent a cos:// URI."""
+    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL (https:// or az://), on Tencent
+    a cos:// URI."""
     if "://" in bucket:
         return f"{bucket.rstrip('/')}/jobs/{job_id}/"
     return f"s3://{bucket}/jobs/{job_id}/"
