@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
+import sys
 import time
 
 import boto3
@@ -17,7 +19,7 @@ from trainer.errors import UsageError
 from trainer.jobs import api, bundle
 from trainer.jobs.spec import SCHEMA_PATH, Job, migrate, parse_job, schema, validate
 from trainer.node.agent import Agent
-from trainer.clouds.aws import SqsJobQueue
+from trainer.clouds.aws import NodePlatform, SqsJobQueue
 
 SHA = "0" * 64
 
@@ -147,3 +149,53 @@ def test_a_bad_spec_that_reaches_a_node_is_dead_lettered_with_one_log_line(moto_
     assert a.serve(once=True) == 0 and counts(sqs, url) == (0, 0)
     (moved,) = sqs.receive_message(QueueUrl=dlq)["Messages"]
     assert json.loads(moved["Body"]) == body
+
+
+@pytest.fixture
+def queue_and_bucket(moto_endpoint):
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName="jobs", Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+    boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    return sqs, url
+
+
+def code_job(tmp_path, job_id: str, main: str, **fields) -> str:
+    work = tmp_path / f"src-{job_id}"
+    work.mkdir()
+    (work / "main.py").write_text(main)
+    uri, _ = bundle.upload(bundle.pack(work), "ckpt")
+    return Job(job_id, "code", code=uri, command=("python", "main.py"), **fields).to_json()
+
+
+def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secrets(queue_and_bucket, tmp_path):
+    sqs, url = queue_and_bucket
+    boto3.client("ssm").put_parameter(Name="/team/hf", Value="s3cr3t", Type="SecureString")
+    dump = tmp_path / "env.json"
+    main = ("import json, os, sys\n"
+            f"json.dump({{'env': dict(os.environ), 'cwd': os.getcwd(), 'python': sys.executable}}, open({str(dump)!r}, 'w'))\n")
+    body = code_job(tmp_path, "env-1", main, env={"MODE": "fast", "HF_TOKEN": {"ssm": "/team/hf"}})
+    sqs.send_message(QueueUrl=url, MessageBody=body)
+    node = {"region": "eu-west-1"}
+    a = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0, platform=NodePlatform(node))
+    assert a.serve(once=True) == 0
+    seen = json.loads(dump.read_text())
+    ours = {k: v for k, v in seen["env"].items() if k.startswith("GPUFLEET_") and "LOOPBACK" not in k}  # not the guard's
+    assert ours == {
+        "GPUFLEET_JOB_ID": "env-1", "GPUFLEET_ATTEMPT": "1", "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/jobs/env-1/",
+        "GPUFLEET_NNODES": "1", "GPUFLEET_NODE_RANK": "0", "GPUFLEET_NPROC_PER_NODE": "1",
+        "GPUFLEET_RDZV_ENDPOINT": "127.0.0.1:29400",
+        "GPUFLEET_STOP_FILE": str(tmp_path / "a" / "jobs" / "env-1" / "control" / "stop")}
+    assert (seen["env"]["MODE"], seen["env"]["HF_TOKEN"]) == ("fast", "s3cr3t")
+    assert seen["cwd"] == str(tmp_path / "a" / "jobs" / "env-1" / "code")
+    assert seen["env"]["PATH"].split(":")[0] == os.path.dirname(sys.executable)  # the node image's Python first
+    assert counts(sqs, url) == (0, 0)
+
+
+def test_a_job_past_its_timeout_is_stopped_and_fails(queue_and_bucket, tmp_path, caplog):
+    sqs, url = queue_and_bucket
+    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "slow", "import time\ntime.sleep(600)\n", timeout=1))
+    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, stop_grace_s=5)
+    assert a.serve(once=True) == 1
+    assert "job slow: stopped at its timeout of 1 s" in caplog.text
+    assert (tmp_path / "a" / "jobs" / "slow" / "control" / "stop").exists()
+    assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
