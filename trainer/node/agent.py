@@ -302,7 +302,7 @@ class Agent:
         self._timed_out = False
         try:
             run = self.start(job, attempt, nnodes, node_rank, rdzv, trainer_cmd)
-        except (OSError, ValueError, UsageError) as exc:  # a bundle or command that cannot be had or started
+        except Exception as exc:  # a bundle, secret or command that cannot be had or started: the job fails
             log.error("job %s: cannot start: %s", job.job_id, exc)
             return EXIT_FAILED
         self._running = run
