@@ -16,8 +16,9 @@ import pytest
 from tests.trainer.aws import LifecycleStubbed, counts, make_group, send
 from infra.demo.imds import FakeImds
 from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
-from trainer.node.agent import (CAP_MARGIN_S, Agent, children, command, default_checkpoint_uri, job_args, outcome,
-                           visibility_extension)
+from trainer.node.agent import (CAP_MARGIN_S, Agent, command, default_checkpoint_uri, job_args, outcome,
+                                visibility_extension)
+from trainer.node.runner import children
 from trainer.node import emf
 from trainer.node.emf import Emitter
 from trainer.clouds.aws import LIFECYCLE, NodePlatform, SqsJobQueue

@@ -38,7 +38,7 @@ from trainer.node import metric_names
 from trainer.node.platform import Platform, open_platform
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
-                                 children, code_environment, docker_argv, job_environment, node_facts, stop_grace)
+                                 code_environment, docker_argv, job_environment, node_facts, stop_grace)
 
 log = logging.getLogger("gpufleet.agent")
 
