@@ -42,8 +42,8 @@ class Platform:
 
     def secret(self, source: str, name: str) -> str:
         """The value of a secret the node's identity may read (source "ssm" on AWS, "keyvault" on Azure)."""
-        raise UsageError(f"env: the {source} secret {name!r} cannot be read on a {self.name} machine; "
-                         "secrets are read through a cloud node's identity")
+        raise UsageError(f"env: {source}:{name}: the {self.name} platform cannot read {source} secrets (secrets are "
+                         "read through a cloud node's identity: SSM parameters on AWS)")
 
     def form_gang(self, nnodes: int, timeout_s: float):
         """This node's gang (trainer.node.rendezvous.Gang) once ``nnodes`` nodes are in service."""
