@@ -330,17 +330,21 @@ class Agent:
 
     def start(self, job: Job, attempt: int, nnodes: int, node_rank: int, rdzv: str,
               trainer_cmd: list[str] | None) -> Running:
-        if job.kind == "trainer":
-            args = job_args(job, self.bucket, self.metrics_path(job.job_id))[0]
-            cmd = trainer_cmd or command(args, self.nproc)
-            log.info("running %s", " ".join(cmd))
-            return TrainerRun(self._popen(cmd), workers=self.nproc > 0 or trainer_cmd is not None)
+        """Start the attempt's process: every kind gets the job environment (trainer.node.runner)."""
         job_dir = self.work_dir / "jobs" / job.job_id
         control = job_dir / "control"
         control.mkdir(parents=True, exist_ok=True)
         (control / STOP_FILE).unlink(missing_ok=True)
-        gpus = self.gpus if job.gpus_per_node is None else job.gpus_per_node
         values, secrets = self._job_env(job)
+        if job.kind == "trainer":
+            args, uri, _ = job_args(job, self.bucket, self.metrics_path(job.job_id))
+            env = job_environment(job.job_id, attempt, uri, nnodes, node_rank, max(1, self.nproc), rdzv,
+                                  str(control / STOP_FILE), values)
+            cmd = trainer_cmd or command(args, self.nproc)
+            log.info("running %s", " ".join(cmd))
+            return TrainerRun(self._popen(cmd, env={**os.environ, **env, **secrets}), control / STOP_FILE,
+                              workers=self.nproc > 0 or trainer_cmd is not None)
+        gpus = self.gpus if job.gpus_per_node is None else job.gpus_per_node
         inside = CONTROL_DIR if job.kind == "image" else str(control)
         env = job_environment(job.job_id, attempt, self.checkpoint_uri(job), nnodes, node_rank, max(1, gpus), rdzv,
                               f"{inside}/{STOP_FILE}", values)

@@ -133,12 +133,13 @@ class Running:
 class TrainerRun(Running):
     """The built-in trainer (torchrun through trainer.node.launch, or one process): its own handler checkpoints."""
 
-    def __init__(self, proc: subprocess.Popen, workers: bool):
-        super().__init__(proc)
+    def __init__(self, proc: subprocess.Popen, stop_file: Path, workers: bool):
+        super().__init__(proc, stop_file)
         self.workers = workers
 
     def stop(self, grace_s: int) -> None:
         self.stop_requested = True
+        self.signal_stop()
         targets = children(self.proc.pid) if self.workers else []
         for pid in targets or [self.proc.pid]:  # torchrun's workers directly, so that torchrun sees their 75
             try:
