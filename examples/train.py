@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -46,15 +47,22 @@ def main() -> int:
 
     job = api.info()
     world = job.world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     model, optimizer = model_and_optimizer(args.dim)
+    model.to(device)
     ckpt = api.Checkpointer()  # the job's own prefix: GPUFLEET_CHECKPOINT_URI
     start, state = ckpt.restore()
     if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    net = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     if job.rank == 0:
         print(f"job {job.job_id} attempt {job.attempt}: step {start} of {args.steps}, {world} process(es) on "
               f"{job.nnodes} node(s)", flush=True)
@@ -62,14 +70,14 @@ def main() -> int:
     step = start
     while step < args.steps:
         step += 1
-        x, y = batch(step, args.dim, args.batch_size, job.rank)
+        x, y = (t.to(device) for t in batch(step, args.dim, args.batch_size, job.rank))
         loss = nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if args.step_sleep:
             time.sleep(args.step_sleep)
-        stop = torch.tensor([1.0 if api.stop_requested() else 0.0])
+        stop = torch.tensor([1.0 if api.stop_requested() else 0.0], device=device)
         if world > 1:
             dist.all_reduce(stop)  # every rank stops after the same step
         if out:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.trainer.aws import counts
+from tests.trainer.gated import ROOT
 from trainer.errors import UsageError
 from trainer.jobs import api, bundle
 from trainer.jobs.spec import SCHEMA_PATH, Job, migrate, parse_job, schema, validate
@@ -199,3 +200,18 @@ def test_a_job_past_its_timeout_is_stopped_and_fails(queue_and_bucket, tmp_path,
     assert "job slow: stopped at its timeout of 1 s" in caplog.text
     assert (tmp_path / "a" / "jobs" / "slow" / "control" / "stop").exists()
     assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
+
+
+@pytest.mark.slow
+def test_the_example_resumes_exactly_through_the_api(tmp_path):
+    """examples/train.py stopped after 3 steps (saved by api.Checkpointer) and rerun logs the losses of a run
+    that was never stopped."""
+    def run(uri, steps, metrics):
+        env = {**os.environ, "GPUFLEET_CHECKPOINT_URI": str(uri)}
+        subprocess.run([sys.executable, str(ROOT / "examples" / "train.py"), "--steps", str(steps), "--metrics",
+                        str(metrics)], env=env, check=True, capture_output=True)
+        return [json.loads(ln)["loss"] for ln in metrics.read_text().splitlines()]
+
+    whole = run(tmp_path / "a", 6, tmp_path / "a.jsonl")
+    run(tmp_path / "b", 3, tmp_path / "b.jsonl")
+    assert run(tmp_path / "b", 6, tmp_path / "b.jsonl") == whole
