@@ -149,22 +149,32 @@ class TrainerRun(Running):
 
 
 class ProcessGroupRun(Running):
-    """A code bundle's command in its own session: SIGTERM to the group, SIGKILL after the grace."""
+    """A code bundle's command in its own session: SIGTERM to the group, SIGKILL after the grace. When the
+    command exits, what it left running in its group is killed (the group id stays taken while any member lives)."""
+
+    def __init__(self, proc: subprocess.Popen, stop_file: Path):
+        super().__init__(proc, stop_file)
+        self._timer: threading.Timer | None = None
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        if self._timer:
+            self._timer.cancel()
+        self._kill(signal.SIGKILL)
+        return rc
 
     def stop(self, grace_s: int) -> None:
         self.stop_requested = True
         self.signal_stop()
         self._kill(signal.SIGTERM)
-        timer = threading.Timer(grace_s, self._kill, (signal.SIGKILL,))
-        timer.daemon = True
-        timer.start()
+        self._timer = threading.Timer(grace_s, self._kill, (signal.SIGKILL,))
+        self._timer.daemon = True
+        self._timer.start()
 
     def _kill(self, sig: int) -> None:
-        if self.proc.poll() is not None and sig == signal.SIGKILL:
-            return
         try:
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
 
