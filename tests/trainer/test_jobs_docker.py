@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import free_port
 from tests.trainer.aws import LifecycleStubbed, counts, make_group
 from tests.trainer.dockerd import EXAMPLE_IMAGE, ROOT, dockerd, host_python_flags  # noqa: F401 (fixture)
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from tests.trainer.gated import steps, wait_for
 from tests.trainer.test_agent_gang import cluster, protected  # noqa: F401 (fixture)
 from trainer.clouds.aws import Imds, NodePlatform, SqsJobQueue
