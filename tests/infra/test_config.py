@@ -130,6 +130,12 @@ def test_a_stack_without_alert_recipients_is_warned(stack):
     assert config.ALERTS_NOBODY.startswith("alerts reach nobody: set gpufleet:alertEmails")
 
 
+def test_tencent_is_not_told_to_set_keys_it_refuses():
+    """Tencent refuses alertEmails and alerts (Cloud Monitor notifies the stack's CAM alert group)."""
+    raw, secrets = config.read_stack_file(ROOT / "Pulumi.tencent.yaml")
+    assert config.parse(raw, "tencent", secrets).warnings == ()
+
+
 def test_chat_webhooks_are_aws_only():
     raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
     with pytest.raises(config.ConfigError, match=r"^gpufleet:alerts.0.chat: .*supported on aws"):
