@@ -1,12 +1,17 @@
-"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous`; user errors become one line on stderr and exit 2."""
+"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous`: the command boundary.
+
+A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
+runtime fault the clouds can name (an endpoint refusing connections) one line and exit 1; Ctrl-C exits
+130 without a traceback. Any other exception is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import importlib
 import logging
 import sys
 
-from trainer import EXIT_USAGE
-from trainer.errors import UsageError
+from trainer import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
+from trainer.errors import Fault, UsageError
 
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "train": "trainer.loop.cli",
@@ -34,9 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the terminal's ^C left
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        from trainer.clouds import explain
+
+        told = exc if isinstance(exc, (UsageError, Fault)) else explain(exc)
+        if told is None:
+            raise
+        print(f"error: {told}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(told, UsageError) else EXIT_FAULT
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def test_board_polls_the_assignment_with_its_etag(moto_endpoint, caplog):
                                "got asg_name='gang' node_count=None"),
     ({"asg_name": "gang", "node_count": 2, "cloud": "azure"}, [], "mode 'gang' with cloud 'azure' is not run"),
     ({"asg_name": "gang", "node_count": 2}, ["--rdzv-port", "0"], "--rdzv-port: 0 is not allowed"),
-    ({"mode": "ring"}, [], "node.json: mode 'ring' is not allowed; expected 'queue' or 'gang'"),
+    ({"mode": "ring"}, [], "node.json: node.mode: 'ring' is not one of queue, gang"),
 ])
 def test_cli_bad_gang_settings_are_one_line(settings, flags, message, tmp_path):
     node = tmp_path / "node.json"

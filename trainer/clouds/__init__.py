@@ -3,12 +3,15 @@
 Each implements interfaces that trainer.loop, trainer.node and trainer.jobs define; the core picks one
 through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
 cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
-``open_queue(url, region)``, ``start_watcher(notice, settings)`` and ``NodePlatform(node, **clients)``.
+``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node, **clients)`` and
+``explain(exc)``: the one line (a UsageError for the user's setup, a Fault for a runtime fault) that its
+SDK's credential and connection errors become at the command boundary, or None.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
 CLOUDS = ("aws", "azure", "tencent")
@@ -20,6 +23,23 @@ def adapter(cloud: str) -> ModuleType:
 
         raise UsageError(f"cloud {cloud!r} is not supported; expected one of {', '.join(CLOUDS)}")
     return importlib.import_module(f"trainer.clouds.{cloud}")
+
+
+def explain(exc: BaseException):
+    """UsageError or Fault telling ``exc`` (or the error that caused it) in one line, or None.
+
+    Only the clouds already in use are asked: an SDK is never imported to explain an error.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for cloud in CLOUDS:
+            module = sys.modules.get(f"trainer.clouds.{cloud}")
+            told = module.explain(exc) if module else None
+            if told is not None:
+                return told
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def node_cloud(settings: dict, environ=os.environ) -> str | None:

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
-from trainer.errors import UsageError
+from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.storage import MiB, Store
 from trainer.node import metric_names
@@ -179,6 +179,46 @@ class Watcher:
 def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> threading.Thread:
     """The interruption watcher of this node (``settings``: node.json; unused here)."""
     return Watcher(notice, interval_s=interval_s).start()
+
+
+# --- Errors told in one line at the command boundary ------------------------------------------------
+
+HOW_TO_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (see `aws configure`); "
+                      "on a cluster node the instance profile provides them")
+# Error codes of a refused request that the user's setup causes (credentials, permissions, a missing bucket).
+SETUP_CODES = {
+    "InvalidAccessKeyId": "the AWS access key is not valid; " + HOW_TO_CREDENTIALS,
+    "SignatureDoesNotMatch": "the AWS secret key does not match the access key; " + HOW_TO_CREDENTIALS,
+    "ExpiredToken": "the AWS session token has expired; renew the credentials",
+    "InvalidClientTokenId": "the AWS security token is not valid; " + HOW_TO_CREDENTIALS,
+    "UnrecognizedClientException": "the AWS security token is not valid; " + HOW_TO_CREDENTIALS,
+    "AccessDenied": "access denied; the credentials lack a permission this needs",
+    "AccessDeniedException": "access denied; the credentials lack a permission this needs",
+    "NoSuchBucket": "the bucket does not exist; create it or name another",
+    "AWS.SimpleQueueService.NonExistentQueue": "the queue does not exist; check --queue-url",
+    "QueueDoesNotExist": "the queue does not exist; check --queue-url",
+}
+
+
+def explain(exc: BaseException) -> UsageError | Fault | None:
+    """botocore's credential, region and connection errors (and refusals of the user's setup) in one line."""
+    from botocore import exceptions as bc
+
+    if isinstance(exc, (bc.NoCredentialsError, bc.PartialCredentialsError, bc.CredentialRetrievalError)):
+        return UsageError(f"no usable AWS credentials ({exc}); {HOW_TO_CREDENTIALS}")
+    if isinstance(exc, bc.NoRegionError):
+        return UsageError("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION, or region in ~/.aws/config)")
+    if isinstance(exc, (bc.EndpointConnectionError, bc.ConnectTimeoutError, bc.ConnectionClosedError,
+                        bc.ProxyConnectionError)):
+        url = getattr(exc, "kwargs", {}).get("endpoint_url", "the AWS endpoint")
+        return Fault(f"cannot connect to {url}; check the network, or AWS_ENDPOINT_URL if it points at an emulator")
+    if isinstance(exc, bc.ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        if code in SETUP_CODES:
+            operation = getattr(exc, "operation_name", "request")
+            return UsageError(f"AWS {operation}: {code}: {SETUP_CODES[code]}")
+    return None
 
 
 # --- Checkpoint store: S3 ---------------------------------------------------------------------------

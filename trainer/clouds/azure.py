@@ -40,7 +40,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
-from trainer.errors import UsageError
+from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.storage import MiB, Store
 from trainer.node.platform import Platform
@@ -51,6 +51,8 @@ log = logging.getLogger("gpufleet.azure")
 
 # The SDKs log every HTTP request at INFO; the trainer logs at INFO.
 logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+# DefaultAzureCredential logs every credential it tried (dozens of lines); the boundary tells it in one line.
+logging.getLogger("azure.identity").setLevel(logging.ERROR)
 
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT = "AZURE_STORAGE_ACCOUNT"
@@ -80,9 +82,34 @@ def default_account() -> str | None:
 
 
 def credential():
+    """DefaultAzureCredential; its managed identity (the metadata address) only on an Azure node, or where
+    the hosting service names an identity endpoint: a laptop, CI or a test never sends a packet there."""
     from azure.identity import DefaultAzureCredential
 
-    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
+    from trainer.node import node_schema
+
+    on_azure = node_schema.load(node_schema.PATH, required=False).get("cloud") == "azure" or any(
+        os.environ.get(v) for v in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT"))
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True,
+                                  exclude_managed_identity_credential=not on_azure)
+
+
+HOW_TO_CREDENTIAL = (f"set {CONNECTION_STRING} (an account key or SAS connection string), or sign in with "
+                     "`az login`, or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET for a service principal; "
+                     "on a cluster node the managed identity provides it")
+
+
+def explain(exc: BaseException) -> UsageError | Fault | None:
+    """azure-identity's and azure-core's credential and connection errors in one line."""
+    from azure.core import exceptions as ac
+
+    if isinstance(exc, ac.ClientAuthenticationError):  # azure-identity's CredentialUnavailableError is one
+        status = f" (HTTP {exc.status_code})" if getattr(exc, "status_code", None) else ""
+        return UsageError(f"no usable Azure credential{status}; {HOW_TO_CREDENTIAL}")
+    if isinstance(exc, ac.ServiceRequestError):  # the request never reached the service
+        return Fault(f"cannot connect to the Azure Storage endpoint ({str(exc).splitlines()[0][:160]}); "
+                     f"check the network, or {CONNECTION_STRING} if it points at an emulator")
+    return None
 
 
 # --- Checkpoint store: Blob Storage ---------------------------------------------------------------

@@ -13,16 +13,19 @@ checkpoint is skipped with a warning and the previous one is used. After each co
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import logging
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from trainer.errors import Fault, UsageError
 from trainer.loop.storage import Store
 
 log = logging.getLogger("trainer")
@@ -60,6 +63,23 @@ class Checkpointer:
     def __init__(self, store: Store, keep: int) -> None:
         self.store = store
         self.keep = keep
+
+    def probe(self) -> None:
+        """Write, read back and delete a marker, so that a location that cannot hold checkpoints is
+        refused before the first step rather than at the first save."""
+        key, data = f".probe-{os.getpid()}-{os.urandom(4).hex()}", os.urandom(16)
+        where = f"--checkpoint-uri {self.store.uri}"
+        try:
+            self.store.write_bytes(key, data)
+            back = self.store.read_bytes(key)
+            self.store.delete(key)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise Fault(f"{where}: no space left to write a checkpoint") from None
+            raise UsageError(f"{where}: cannot hold checkpoints ({exc.strerror or exc}); "
+                             "give a writable directory or bucket prefix") from None
+        if back != data:
+            raise Fault(f"{where}: a marker written there read back different bytes; the store is not reliable")
 
     def steps(self) -> list[int]:
         """Committed steps, newest first."""

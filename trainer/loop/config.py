@@ -208,6 +208,22 @@ def read_config_file(path: str) -> dict[str, Any]:
     return values
 
 
+# On resume, a flag that differs from the checkpoint's config is refused when the checkpoint cannot serve
+# it (what the weights are, the data position); applied when it changes the rest of the run (the LR
+# schedule, clipping, dropout, precision); any other flag is a setting of this process only.
+REFUSED_ON_RESUME = ("model", "dataset", "batch_size", "grad_accum", "seed")
+APPLIED_ON_RESUME = ("steps", "lr", "warmup_steps", "clip_grad", "dropout", "precision")
+
+
+def resume_changes(saved: dict[str, Any], cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """(refused, applied): '--flag new (was old)' for each flag of cfg that differs from a checkpoint's config."""
+    def changed(names):
+        return [f"{_flag(n)} {getattr(cfg, n)} (was {saved[n]})" for n in names
+                if n in saved and saved[n] != getattr(cfg, n)]
+
+    return changed(REFUSED_ON_RESUME), changed(APPLIED_ON_RESUME)
+
+
 def parse_args(argv: list[str]) -> TrainConfig:
     """Flags (and the config file they name) -> TrainConfig; raises UsageError."""
     args = build_parser().parse_args(argv)

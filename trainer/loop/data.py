@@ -66,16 +66,24 @@ def load_factory(flag: str, spec: str):
     """The callable named by `module:attribute`."""
     module_name, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"{flag}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(factory):
+        raise UsageError(f"{flag}: {spec!r} is not a callable factory ({type(factory).__name__}); expected "
+                         "module:function naming a function" + (" of the model" if flag == "--dataset" else "")
+                         + " that returns the " + ("model (an nn.Module)" if flag == "--model" else "Dataset"))
+    return factory
 
 
 def build_model(cfg: TrainConfig) -> torch.nn.Module:
     if cfg.model in PRESETS:
         return build_gpt(cfg.model, cfg.dropout)
     if ":" in cfg.model:
-        return load_factory("--model", cfg.model)()
+        model = load_factory("--model", cfg.model)()
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"--model: {cfg.model!r} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
     raise UsageError(f"--model: {cfg.model!r} is not allowed; expected one of {', '.join(PRESETS)} or module:factory")
 
 

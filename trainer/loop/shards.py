@@ -7,13 +7,15 @@ object storage. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is 
 rank reads its own whole shards, and DataLoader workers take its batches in turn.
 
 ``python -m trainer shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
-files or directories (``write_shards``).
+files or directories (``write_shards``), and beside them ``.shards.json`` ({"format", "record_bytes",
+"shards"}): a location holds shards of one record size, and a reader refuses another size in one line.
 """
 from __future__ import annotations
 
 import bisect
 import fcntl
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -29,6 +31,22 @@ from trainer.errors import ArgumentParser, UsageError
 
 DEFAULT_BLOCK_BYTES = 8 << 20
 DEFAULT_SHARD_BYTES = 64 << 20
+MANIFEST = ".shards.json"
+MAKE_SHARDS = "python -m trainer shards --out LOCATION --record-bytes {n} SOURCE..."
+
+
+def read_manifest(data: bytes | None, where: str) -> dict | None:
+    """The checked .shards.json of a location, or None when it has none."""
+    if data is None:
+        return None
+    try:
+        manifest = json.loads(data)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("record_bytes"), int):
+            raise ValueError("no integer record_bytes")
+    except ValueError as exc:
+        raise UsageError(f"{where}/{MANIFEST} is not a shard manifest ({exc}); remove it or write the shards "
+                         "again") from None
+    return manifest
 
 
 @dataclass(frozen=True)
@@ -72,9 +90,15 @@ class _S3Source:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         try:
             self.shards = [Shard(o["Key"], o["Size"], o["ETag"].strip('"'))
-                           for page in pages for o in page.get("Contents", []) if o["Size"] > 0]
+                           for page in pages for o in page.get("Contents", [])
+                           if o["Size"] > 0 and not o["Key"].rsplit("/", 1)[-1].startswith(".")]
+            try:
+                data = self.client.get_object(Bucket=self.bucket, Key=self.prefix + MANIFEST)["Body"].read()
+            except self.client.exceptions.NoSuchKey:
+                data = None
         except ClientError as exc:
             raise UsageError(f"--dataset: cannot list {self.uri}: {exc.response['Error']['Code']}") from None
+        self.manifest = read_manifest(data, self.uri.rstrip("/"))
         self.shards.sort(key=lambda s: s.key)
 
     def name(self, shard: Shard) -> str:
@@ -132,6 +156,8 @@ class _DirSource:
         self.uri = str(root)
         self.shards = [Shard(str(p), p.stat().st_size, "") for p in sorted(root.rglob("*"))
                        if p.is_file() and not p.name.startswith(".") and p.stat().st_size > 0]
+        self.manifest = read_manifest((root / MANIFEST).read_bytes() if (root / MANIFEST).is_file() else None,
+                                      self.uri)
 
     def name(self, shard: Shard) -> str:
         return shard.key
@@ -146,22 +172,32 @@ class _DirSource:
 
 def open_source(location: str, cache_dir: str | os.PathLike | None, block_bytes: int):
     """Listed shards of s3://bucket/prefix or of a local directory; UsageError when there are none."""
-    scheme = urlparse(location).scheme
-    if scheme == "s3":
+    from trainer.loop.storage import local_path, store_cloud
+
+    cloud = store_cloud(location)
+    if cloud == "aws":
         source = _S3Source(location, cache_dir, block_bytes)
-    elif scheme:
-        raise UsageError(f"--dataset: {location!r} has the unsupported scheme {scheme!r}; "
-                         "expected s3://bucket/prefix or a local directory")
+    elif cloud:
+        raise UsageError(f"--dataset: {location!r}: shards are read from s3://bucket/prefix or a local directory")
     else:
-        source = _DirSource(location)
+        source = _DirSource(local_path(location))
     if not source.shards:
         raise UsageError(f"--dataset: no shards under {source.uri}")
     return source
 
 
 def _records(source, record_bytes: int) -> list[int]:
+    written = (source.manifest or {}).get("record_bytes")
+    if written is not None and written != record_bytes:
+        raise UsageError(f"--dataset: {source.uri} holds shards of {written}-byte records; the model needs "
+                         f"{record_bytes}-byte records (block_size + 1); make them with "
+                         + MAKE_SHARDS.format(n=record_bytes))
     for s in source.shards:
         if s.size % record_bytes:
+            if written is None:
+                raise UsageError(f"--dataset: {source.uri} is not a shard directory ({source.name(s)} is not "
+                                 f"whole {record_bytes}-byte records); make shards with "
+                                 + MAKE_SHARDS.format(n=record_bytes))
             raise UsageError(f"--dataset: shard {source.name(s)} has {s.size} bytes, "
                              f"not a multiple of the record size {record_bytes}")
     return [s.size // record_bytes for s in source.shards]
@@ -285,6 +321,16 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
                          "2 <= record bytes <= shard bytes")
     files = [f for s in sources for f in _source_files(s)]
     store = open_store(out)
+    try:
+        held = read_manifest(store.read_bytes(MANIFEST), out.rstrip("/"))
+    except FileNotFoundError:
+        held = None
+    if held is None and any(k.startswith("shard-") for k in store.list("shard-")):
+        raise UsageError(f"--out {out}: holds shards of an unknown record size (no {MANIFEST}); "
+                         "write to an empty location")
+    if held is not None and held["record_bytes"] != record_bytes:
+        raise UsageError(f"--out {out}: holds shards of {held['record_bytes']}-byte records; refusing to add "
+                         f"{record_bytes}-byte records to them; write to another location or remove the old shards")
     per_shard = shard_bytes // record_bytes * record_bytes
     keys, pending = [], bytearray()
 
@@ -302,6 +348,9 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
         flush(len(pending) // record_bytes * record_bytes)
     if not keys:
         raise UsageError(f"sources {', '.join(sources)}: fewer than {record_bytes} bytes, not one record")
+    store.write_bytes(MANIFEST, json.dumps({"format": 1, "record_bytes": record_bytes, "shards": keys}).encode())
+    for key in set((held or {}).get("shards", [])) - set(keys):  # an earlier, longer run's shards
+        store.delete(key)
     return keys
 
 

@@ -126,23 +126,31 @@ def store_cloud(uri: str) -> str | None:
     return SCHEMES.get(scheme)
 
 
-def open_store(uri: str) -> Store:
-    """A store for a local path, file://, s3://bucket/prefix, az://container/prefix, an Azure blob https URL or
-    cos://bucket/prefix."""
+def local_path(uri: str) -> str:
+    """The directory a path or ``file:///abs/path`` names; UsageError for a URI of no store, or a file:// host."""
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
-    cloud = store_cloud(uri)
-    if cloud:
-        return adapter(cloud).open_store(uri)
     if scheme == "file":
-        return LocalStore(parsed.path)
+        if parsed.netloc not in ("", "localhost"):  # file://relative/x: 'relative' is a host, the path /x
+            raise UsageError(f"{uri!r}: a file:// URI names no host; write file:///absolute/path "
+                             f"(or the plain path {parsed.netloc + parsed.path!r})")
+        return parsed.path
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         if not uri:
             raise UsageError("checkpoint URI is empty; expected a path, file://, s3://, az://, an Azure blob URL "
                              "or cos://")
-        return LocalStore(uri)
+        return uri
     raise UsageError(
         f"checkpoint URI {uri!r}: unsupported scheme {scheme!r}; expected a path, file://, s3://bucket/prefix, "
         "az://container/prefix, https://<account>.blob.core.windows.net/<container>/<prefix> or "
         "cos://<bucket>-<appid>/<prefix>"
     )
+
+
+def open_store(uri: str) -> Store:
+    """A store for a local path, file:///abs, s3://bucket/prefix, az://container/prefix, an Azure blob https URL or
+    cos://bucket/prefix."""
+    cloud = store_cloud(uri)
+    if cloud:
+        return adapter(cloud).open_store(uri)
+    return LocalStore(local_path(uri))

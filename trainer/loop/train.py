@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -27,18 +26,19 @@ from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import UsageError
 from trainer.loop import flops, parallel
 from trainer.loop.checkpoint import FORMAT, Checkpointer, from_bytes, to_bytes
-from trainer.loop.config import TrainConfig
+from trainer.loop.config import TrainConfig, resume_changes
 from trainer.loop.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.notices import start_watchers
 from trainer.loop.stop import StopNotice, agree, install_signal_handlers
 from trainer.loop.storage import open_store
+from trainer.node import node_schema
 
 if TYPE_CHECKING:
     from trainer.loop.sharded import ShardedCheckpoints
 
 log = logging.getLogger("trainer")
-NODE_JSON = "/etc/gpufleet/node.json"
+NODE_JSON = node_schema.PATH
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,15 @@ class Trainer:
             dist.barrier()
         return time.perf_counter() - began
 
+    def check_resume(self, state: dict, step: int) -> list[str]:
+        """Refuse a resume whose checkpoint was written with other values of the flags that shape the run (one
+        line); return the changed flags that apply from the next step on."""
+        refused, applied = resume_changes(state.get("config") or {}, self.cfg)
+        if refused:
+            raise UsageError(f"{', '.join(refused)}: the checkpoint of step {step} at {self.checkpoints.store.uri} "
+                             "was written with other values; resume with them or give another --checkpoint-uri")
+        return applied
+
     def resume(self) -> tuple[int, dict | None]:
         """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state)."""
         found = self.checkpoints.latest() if self.ranks.rank == 0 else None
@@ -189,8 +198,15 @@ class Trainer:
                                  "holds whole-state files; resume it with --parallel ddp")
             parts = found[2] if self.ranks.rank == 0 else self.checkpoints.load(step)
             parts = {name: from_bytes(data) for name, data in parts.items()}
-            self.model.load_state_dict(parts["model.pt"])
             optim, state = parts["optim.pt"], parts["trainer.pt"]
+            applied = self.check_resume(state, step)
+            try:
+                self.model.load_state_dict(parts["model.pt"])
+            except RuntimeError as exc:  # missing or unexpected keys, size mismatches: another model
+                detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+                raise UsageError(f"--model {self.cfg.model}: the checkpoint of step {step} at "
+                                 f"{self.checkpoints.store.uri} holds the weights of another model ({detail[:200]}); "
+                                 "resume with that model or give another --checkpoint-uri") from None
             self.optimizer.load_state_dict(optim["optimizer"])
         else:
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -204,7 +220,11 @@ class Trainer:
             set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
                            optim_state_dict=loaded["optim"])
             optim = state = from_bytes(loaded["trainer"])
+            applied = self.check_resume(state, step)
         self.scheduler.load_state_dict(optim["scheduler"])
+        self.apply_schedule()
+        if applied:
+            log.warning("resuming with changed flags, applied from step %d on: %s", step + 1, ", ".join(applied))
         if self.scaler.is_enabled() and optim["scaler"]:
             self.scaler.load_state_dict(optim["scaler"])
         self.data.load_state(state["data"])
@@ -213,6 +233,16 @@ class Trainer:
             log.warning("checkpoint written by %d ranks, now %d: RNG streams restart", state["world"], self.ranks.world)
             return state["step"], None
         return state["step"], state["rng"][self.ranks.rank]
+
+
+    def apply_schedule(self) -> None:
+        """The LR schedule of this run's flags (--lr, --warmup-steps, --steps) at the resumed step: the
+        scheduler's state holds the base LR it was made with, which would otherwise win over --lr."""
+        lr = self.cfg.lr * lr_factor(self.scheduler.last_epoch, self.cfg.warmup_steps, self.cfg.steps)
+        self.scheduler.base_lrs = [self.cfg.lr for _ in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["lr"] = self.cfg.lr, lr
+        self.scheduler._last_lr = [lr for _ in self.optimizer.param_groups]
 
 
 @dataclass
@@ -247,10 +277,7 @@ def build_trainer(cfg: TrainConfig, ranks: Ranks, model: torch.nn.Module, datase
 
 
 def node_settings() -> dict:
-    try:
-        return json.loads(Path(NODE_JSON).read_text())
-    except (OSError, ValueError):
-        return {}
+    return node_schema.load(NODE_JSON, required=False)
 
 
 def train(cfg: TrainConfig, notice: StopNotice | None = None) -> int:
@@ -289,6 +316,8 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
     net = parallel.parallelize(model, cfg, device, ranks.world)  # what forward calls; model is sharded in place
     trainer = build_trainer(cfg, ranks, model, dataset, use_scaler)
     optimizer = trainer.optimizer
+    if ranks.rank == 0:
+        trainer.checkpoints.probe()
     start, rng = trainer.resume()
     if start >= cfg.steps:
         log.info("the checkpoint at %s is already at step %d of %d", cfg.checkpoint_uri, start, cfg.steps)

@@ -31,10 +31,11 @@ import uuid
 from pathlib import Path
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
+from trainer.clouds import explain
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.spec import Job, parse_job, validate
-from trainer.node import metric_names
+from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
@@ -42,7 +43,7 @@ from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGr
 
 log = logging.getLogger("gpufleet.agent")
 
-NODE_JSON = "/etc/gpufleet/node.json"
+NODE_JSON = node_schema.PATH
 EXIT_FAILED = 1
 CAP_MARGIN_S = 300  # hand the message back this long before SQS's in-flight limit
 RETRY_S = 10
@@ -199,7 +200,7 @@ class Agent:
                 except RendezvousError:
                     raise
                 except Exception as exc:  # the queue unreachable for a while: retry, do not die
-                    if once:
+                    if once or isinstance(explain(exc), UsageError):  # the user's setup: retrying cannot help
                         raise
                     log.warning("receiving from the queue failed: %s; retrying in %d s", exc, RETRY_S)
                     time.sleep(RETRY_S)
@@ -531,17 +532,6 @@ class GangAgent(Agent):
         return EXIT_FAILED
 
 
-def load_node(path: str, required: bool) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        if required:
-            raise UsageError(f"--node-json: {path} does not exist; give --queue-url and --bucket") from None
-        return {}
-    except ValueError as exc:
-        raise UsageError(f"--node-json: {path} is not valid JSON ({exc})") from None
-
-
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m trainer agent", description=__doc__.strip(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -565,7 +555,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.stop_grace is not None and args.stop_grace < 1:
         raise UsageError(f"--stop-grace: {args.stop_grace} is not allowed; expected seconds >= 1")
-    node = load_node(args.node_json, required=not (args.queue_url and args.bucket))
+    node = node_schema.load(args.node_json, required=not (args.queue_url and args.bucket),
+                            hint="give --queue-url and --bucket")
     queue_url, bucket = args.queue_url or node.get("queue_url"), args.bucket or node.get("bucket")
     if not queue_url or not bucket:
         raise UsageError(f"--queue-url/--bucket: missing, and {args.node_json} has no queue_url/bucket")
@@ -591,8 +582,6 @@ def main(argv: list[str]) -> int:
 
 def check_gang(node: dict, path: str, bucket: str, port: int, timeout_s: float) -> None:
     """Gang mode's settings, each refused in one line."""
-    if node.get("mode") != "gang":
-        raise UsageError(f"{path}: mode {node.get('mode')!r} is not allowed; expected 'queue' or 'gang'")
     if node.get("cloud", "aws") != "aws":
         raise UsageError(f"{path}: mode 'gang' with cloud {node.get('cloud')!r} is not run by this agent; "
                          "gang mode forms the gang from an AWS autoscaling group")

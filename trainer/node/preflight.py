@@ -8,21 +8,20 @@ instance Unhealthy. Each check prints its finding. The probe is injectable: the 
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainer.errors import ArgumentParser, UsageError
+from trainer.node import node_schema
 from trainer.node.platform import Platform, open_platform
 
 log = logging.getLogger("gpufleet.preflight")
 
-NODE_JSON = "/etc/gpufleet/node.json"
+NODE_JSON = node_schema.PATH
 NCCL_PLUGIN_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64", "/opt/aws-ofi-nccl/lib",
                     "/usr/local/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
 
@@ -105,21 +104,12 @@ def check(expected: dict, probe) -> list[Finding]:
     return findings
 
 
-def load_node(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--node-json: {path} does not exist (user-data writes it on cluster nodes)") from None
-    except ValueError as exc:
-        raise UsageError(f"--node-json: {path} is not valid JSON ({exc})") from None
-
-
 def main(argv: list[str] | None = None, probe=None, platform: Platform | None = None) -> int:
     p = ArgumentParser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
     p.add_argument("--node-json", default=NODE_JSON, help="node settings (default %(default)s)")
     p.add_argument("--instance-type", help="default: from the instance metadata")
     args = p.parse_args(argv)
-    node = load_node(args.node_json)
+    node = node_schema.load(args.node_json)
     platform = platform or open_platform(node)
     instance_type = args.instance_type or platform.instance_type()
     if not instance_type:

@@ -16,9 +16,8 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from trainer.errors import ArgumentParser
+from trainer.errors import ArgumentParser, UsageError
 
 log = logging.getLogger("gpufleet.rendezvous")
 
@@ -192,15 +191,22 @@ def wait_for_head(host: str, port: int = C10D_PORT, timeout_s: float = 300.0, po
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="python -m trainer rendezvous", description="Print this node's torchrun flags.")
     p.add_argument("--job-id", required=True, help="the rendezvous id: the same on every node")
-    p.add_argument("--node-json", default="/etc/gpufleet/node.json")
+    p.add_argument("--node-json", default=node_schema.PATH, help="node settings (default %(default)s)")
     p.add_argument("--port", type=int, default=C10D_PORT)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the nodes and the head")
     args = p.parse_args(argv)
+    from trainer.node import node_schema
     from trainer.node.platform import open_platform
 
-    node = json.loads(Path(args.node_json).read_text())
+    node = node_schema.load(args.node_json)
+    if "node_count" not in node:
+        raise UsageError(f"--node-json: {args.node_json}: node_count is missing; the gang needs its size")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port: {args.port} is not allowed; expected 1 to 65535")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout: {args.timeout:g} is not allowed; expected a number of seconds > 0")
     try:
-        gang = open_platform(node).form_gang(int(node["node_count"]), args.timeout)
+        gang = open_platform(node).form_gang(node["node_count"], args.timeout)
         if gang.node_rank:
             wait_for_head(gang.head, args.port, timeout_s=args.timeout)
     except RendezvousError as exc:  # the gang cannot form or the head is out of reach: one line, exit 1
