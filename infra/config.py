@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from infra import catalog
+from infra import catalog, regions
 
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
@@ -461,6 +461,9 @@ def parse(raw: dict[str, Any], stack: str, secret_keys: frozenset[str] = frozens
             example = {"aws": "eu-west-1", "azure": "westeurope", "tencent": "ap-shanghai"}[cloud]
             raise ConfigError(REGION_KEY[cloud], _MISSING, f"set the provider region, e.g. {example}")
         values["region"] = _decode(region)
+        problem = regions.check(cloud, values["region"]) if isinstance(values["region"], str) else None
+        if problem:
+            raise ConfigError(REGION_KEY[cloud], values["region"], problem)
     try:
         return StackConfig(**values)
     except (ConfigError, ValidationError) as exc:

@@ -5,7 +5,7 @@ account, no Pulumi CLI).
                             [--policy-config FILE] [--diff BASE.json] [--out FILE] [--project-dir DIR]
 
 Exit status: 0 clean; 1 mandatory policy violations; 2 bad input or a failing program, told in one
-line on stderr.
+line on stderr; 130 on Ctrl-C, without a traceback.
 """
 from __future__ import annotations
 
@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the terminal's ^C left
+        return 130
     except runner.ProgramError as exc:
         print(f"error: program failed: {exc}", file=sys.stderr)
         return 2

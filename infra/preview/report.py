@@ -1,25 +1,56 @@
-"""The default human format of a preview document: a resource tree, outputs, policy verdicts, cost."""
+"""The default human format of a preview document: a resource tree, outputs, policy verdicts with their
+remediation, cost, and with --diff the changes. It fits the terminal: long types, names and ids are
+elided in the middle (their ends tell them apart), prose is wrapped.
+"""
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 from collections import defaultdict
 
 STACK_TYPE = "pulumi:pulumi:Stack"
+MIN_WIDTH = 60
 
 
-def table(doc: dict) -> str:
-    """Plain text: one line per resource, indented under its parent, then outputs, policy and cost."""
-    lines = [_header(doc), ""]
-    lines += _tree(doc["resources"])
+def terminal_width() -> int:
+    """The terminal's columns ($COLUMNS first), 100 when there is no terminal."""
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def elide(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: its start and end around an ellipsis."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    keep = width - 1
+    return text[:keep - keep // 2] + "…" + text[len(text) - keep // 2:]
+
+
+def _wrap(text: str, width: int, indent: str, more: str) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=more,
+                         break_long_words=True, break_on_hyphens=False) or [indent.rstrip()]
+
+
+def table(doc: dict, width: int | None = None) -> str:
+    """Plain text no wider than ``width`` (default: the terminal's): one line per resource, indented under
+    its parent, then outputs, policy verdicts and remediation, cost, changes (with --diff), warnings."""
+    width = max(MIN_WIDTH, width or terminal_width())
+    lines = [*_wrap(_header(doc).splitlines()[0], width, "", "  "), _header(doc).splitlines()[1], ""]
+    lines += _tree(doc["resources"], width)
     if doc.get("outputs"):
         lines += ["", "Outputs"]
-        width = max(map(len, doc["outputs"]))
-        lines += [f"  {k:<{width}}  {_value(v)}" for k, v in doc["outputs"].items()]
-    lines += ["", *_policy(doc.get("policy") or {})]
+        key_width = min(max(map(len, doc["outputs"])), width // 3)
+        lines += [f"  {elide(k, key_width):<{key_width}}  {elide(_value(v), width - key_width - 4)}"
+                  for k, v in doc["outputs"].items()]
+    lines += ["", *_policy(doc.get("policy") or {}, width)]
     if (cost := doc.get("cost") or {}).get("monthly_usd"):
-        lines += ["", *_cost(cost)]
+        lines += ["", *_cost(cost, width)]
+    if doc.get("diff"):
+        lines += ["", *_diff(doc["diff"], width)]
     if doc.get("warnings"):
-        lines += ["", "Warnings", *(f"  {w}" for w in doc["warnings"])]
+        lines += ["", "Warnings", *(w for warning in doc["warnings"] for w in _wrap(warning, width, "  ", "    "))]
     return "\n".join(lines) + "\n"
 
 
@@ -35,7 +66,7 @@ def _header(doc: dict) -> str:
             f"{custom} resources to create in {components} components")
 
 
-def _tree(resources: list[dict]) -> list[str]:
+def _tree(resources: list[dict], width: int) -> list[str]:
     children: dict[str | None, list[dict]] = defaultdict(list)
     urns = {r["urn"] for r in resources}
     for r in resources:
@@ -51,10 +82,13 @@ def _tree(resources: list[dict]) -> list[str]:
             walk(r["urn"], prefix + ("" if parent is None else ("   " if last else "│  ")))
 
     walk(None, "")
-    w_type = max([len("TYPE")] + [len(t) for t, _, _ in rows])
-    w_name = max([len("NAME")] + [len(n) for _, n, _ in rows])
+    # Columns in proportion to the terminal: the tree and type first, then the name; the id gets the rest.
+    w_type = min(max([len("TYPE")] + [len(t) for t, _, _ in rows]), width * 45 // 100)
+    w_name = min(max([len("NAME")] + [len(n) for _, n, _ in rows]), width * 25 // 100)
+    w_id = width - w_type - w_name - 4
     out = [f"{'TYPE':<{w_type}}  {'NAME':<{w_name}}  ID"]
-    out += [f"{t:<{w_type}}  {n:<{w_name}}  {i}".rstrip() for t, n, i in rows]
+    out += [f"{elide(t, w_type):<{w_type}}  {elide(n, w_name):<{w_name}}  {elide(i, w_id)}".rstrip()
+            for t, n, i in rows]
     return out
 
 
@@ -62,7 +96,7 @@ def _value(v) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
-def _policy(policy: dict) -> list[str]:
+def _policy(policy: dict, width: int) -> list[str]:
     pack = policy.get("pack")
     violations = policy.get("violations", [])
     if not pack:
@@ -73,11 +107,41 @@ def _policy(policy: dict) -> list[str]:
     out = [f"Policy ({pack}): {len(violations)} violation(s)"]
     for v in sorted(violations, key=lambda v: (order.get(v.get("level"), 3), v.get("policy", ""))):
         name = (v.get("urn") or "").rsplit("::", 1)[-1] or "stack"
-        out.append(f"  [{v.get('level')}/{v.get('severity')}] {v.get('policy')} {name}: {v.get('message')}")
+        out += _wrap(f"[{v.get('level')}/{v.get('severity')}] {v.get('policy')} {name}: {v.get('message')}",
+                     width, "  ", "      ")
+        if v.get("remediation"):
+            out += _wrap(f"fix: {v['remediation']}", width, "      ", "           ")
     return out
 
 
-def _cost(cost: dict) -> list[str]:
+def _diff(diff: dict, width: int) -> list[str]:
+    """The changes against the --diff base: counts, then each resource added, removed, renamed or changed."""
+    s = diff.get("summary", {})
+    out = [f"Changes against the base: {s.get('added', 0)} to add, {s.get('removed', 0)} to remove, "
+           f"{s.get('renamed', 0)} renamed, {s.get('updated', 0)} to update, {s.get('replaced', 0)} to replace"]
+    rows = [("+", r["type"], r["name"], "") for r in diff.get("added", [])]
+    rows += [("-", r["type"], r["name"], "") for r in diff.get("removed", [])]
+    rows += [(">", r["type"], r["from"].rsplit("::", 1)[-1], "-> " + r["to"].rsplit("::", 1)[-1])
+             for r in diff.get("renamed", [])]
+    rows += [("!" if c["replace"] else "~", c["type"], c["name"], ", ".join(c["paths"]))
+             for c in diff.get("changed", [])]
+    w_type = min(max([len(t) for _, t, _, _ in rows] or [0]), width * 45 // 100)
+    for mark, rtype, name, detail in rows:
+        line = f"  {mark} {elide(rtype, w_type):<{w_type}}  {name}"
+        out.append(elide(line + (f"  {detail}" if detail else ""), width))
+    policy = diff.get("policy", {})
+    for word, key in (("new", "appeared"), ("gone", "disappeared")):
+        for v in policy.get(key, []):
+            out.append(elide(f"  policy {word}: [{v.get('level')}] {v.get('policy')} "
+                             f"{(v.get('urn') or '').rsplit('::', 1)[-1] or 'stack'}", width))
+    delta = (diff.get("cost") or {}).get("delta_monthly_usd") or {}
+    cur = (diff.get("cost") or {}).get("currency") or "USD"
+    if any(delta.values()):
+        out.append("  cost per month: " + " / ".join(f"{k} {v:+,.2f} {cur}" for k, v in delta.items()))
+    return out
+
+
+def _cost(cost: dict, width: int) -> list[str]:
     from infra.preview.markdown import money
 
     cur = cost.get("currency") or "USD"
@@ -87,4 +151,7 @@ def _cost(cost: dict) -> list[str]:
     if cur != "USD":
         line = line.replace("Cost per month (", f"Cost per month in {cur} (", 1)
     budget = (cost.get("budget") or {}).get("monthly_usd")
-    return [line + (f"; budget {money(budget, cur)}" if budget is not None else "")]
+    told = f"budget {money(budget, cur)}" if budget is not None else ""
+    if told and len(line) + len(told) + 2 <= width:
+        return [f"{line}; {told}"]
+    return [*_wrap(line, width, "", "  "), *([f"  {told}"] if told else [])]

@@ -295,8 +295,19 @@ def preview(raw: dict[str, Any], secret_keys: frozenset[str], stack: str, *,
                 pack.close()
     doc["cost"] = hook("cost").estimate(cfg)
     if base is not None:
+        doc["warnings"] = [*doc["warnings"], *base_warnings(base, doc)]
         doc["diff"] = hook("diff").compute(base, doc)
     return doc
+
+
+def base_warnings(base: dict, doc: dict) -> list[str]:
+    """A base preview of another stack or cloud still diffs, but every line of it is the stacks' difference."""
+    told = []
+    for key in ("stack", "cloud"):
+        if base.get(key) and base[key] != doc[key]:
+            told.append(f"--diff: the base is a preview of {key} {base[key]!r}, not {doc[key]!r}: "
+                        f"the diff shows how the two {key}s differ, not a change to {doc[key]!r}")
+    return told
 
 
 def _config_view(cfg: config.StackConfig, secret_keys: frozenset[str]) -> dict:

@@ -77,6 +77,6 @@ def test_listing_happens_once(bucket, tmp_path):
 def test_bad_inputs_are_one_line(bucket, tmp_path):
     with pytest.raises(UsageError, match=r"no shards under s3://data/missing/"):
         ShardDataset("s3://data/missing", RECORD, cache_dir=tmp_path)
-    with pytest.raises(UsageError, match=r"shard s3://data/train/shard-000.bin has 60 bytes, not a multiple "
-                                         r"of the record size 7"):
+    with pytest.raises(UsageError, match=r"s3://data/train/ is not a shard directory \(s3://data/train/shard-000.bin "
+                                         r"is not whole 7-byte records\); make shards with python -m trainer shards"):
         ShardDataset("s3://data/train", 7, cache_dir=tmp_path)

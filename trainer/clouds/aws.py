@@ -285,9 +285,24 @@ class S3Store(Store):
         return code in ("404", "NoSuchKey", "NotFound")
 
     def write_bytes(self, key: str, data: bytes) -> None:
+        if len(data) < self.transfer.multipart_threshold:  # one PUT, on this thread (Ctrl-C stops it at once)
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            return
         self.client.upload_fileobj(io.BytesIO(data), self.bucket, self._key(key), Config=self.transfer)
 
     def read_bytes(self, key: str) -> bytes:
+        """Small objects in one GET on this thread; large ones in parallel ranged GETs."""
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                raise FileNotFoundError(f"{self.uri}{key}") from exc
+            raise
+        if resp["ContentLength"] < self.transfer.multipart_threshold:
+            return resp["Body"].read()  # botocore checks the length it reads against ContentLength
+        resp["Body"].close()
         buf = io.BytesIO()
         self._download(key, buf)
         return buf.getvalue()

@@ -174,7 +174,10 @@ def open_source(location: str, cache_dir: str | os.PathLike | None, block_bytes:
     """Listed shards of s3://bucket/prefix or of a local directory; UsageError when there are none."""
     from trainer.loop.storage import local_path, store_cloud
 
-    cloud = store_cloud(location)
+    cloud, scheme = store_cloud(location), urlparse(location).scheme
+    if not cloud and scheme not in ("", "file"):
+        raise UsageError(f"--dataset: {location!r} has the unsupported scheme {scheme!r}; "
+                         "expected s3://bucket/prefix or a local directory")
     if cloud == "aws":
         source = _S3Source(location, cache_dir, block_bytes)
     elif cloud:

@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainer import EXIT_OK, EXIT_PREEMPTED
+from trainer import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from trainer.clouds import explain
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import JobQueue, Message, open_queue
@@ -221,6 +221,8 @@ class Agent:
                 if reason:
                     log.info("this instance is going away (%s): taking no more jobs", reason)
                     return status
+            if self.stopping == "SIGINT":  # Ctrl-C: the job (if any) checkpointed and went back to the queue
+                return EXIT_INTERRUPTED
             return EXIT_PREEMPTED if self.stopping else status
         finally:
             gpus.close()
@@ -418,6 +420,8 @@ class Agent:
 
         def handle(signum, frame):
             self.stopping = signal.Signals(signum).name
+            if signum == signal.SIGINT and self._proc is None:  # Ctrl-C, no job running: quit now (exit 130)
+                raise KeyboardInterrupt
             log.info("%s: stopping the job at a checkpoint", self.stopping)
             self.stop_job()
 

@@ -97,7 +97,7 @@ def load(path: str | Path, required: bool = True, hint: str = "user-data writes 
             raise UsageError(f"--node-json: {path} does not exist ({hint})") from None
         return {}
     except OSError as exc:
-        raise UsageError(f"--node-json: cannot read {path}: {exc.strerror}") from None
+        raise UsageError(f"--node-json: {path}: cannot read it ({exc.strerror})") from None
     try:
         return check(json.loads(text))
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from trainer.errors import ArgumentParser, UsageError
+from trainer.node import node_schema
 
 log = logging.getLogger("gpufleet.rendezvous")
 
@@ -195,7 +196,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=C10D_PORT)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the nodes and the head")
     args = p.parse_args(argv)
-    from trainer.node import node_schema
     from trainer.node.platform import open_platform
 
     node = node_schema.load(args.node_json)

@@ -13,7 +13,7 @@ def test_table_shows_the_tree_ids_outputs_and_verdicts():
         {"policy": "s3-tls-only", "level": "mandatory", "severity": "high", "message": "bucket allows plain HTTP",
          "urn": "urn:pulumi:dev::gpufleet::gpufleet:test:Storage$aws:s3/bucket:Bucket::data-bucket"},
         {"policy": "tags", "level": "advisory", "severity": "low", "message": "no owner tag", "urn": ""}]}
-    text = report.table(doc)
+    text = report.table(doc, width=100)
     lines = text.splitlines()
     custom = sum(r["custom"] for r in doc["resources"])
     assert lines[0] == "Stack dev (aws, eu-west-1): queue mode, 0-4 x g6.xlarge, g5.xlarge, g6.2xlarge, g5.2xlarge (spot)"
@@ -34,7 +34,7 @@ def test_table_shows_the_tree_ids_outputs_and_verdicts():
         "  [mandatory/high] s3-tls-only data-bucket: bucket allows plain HTTP")
     assert "  [advisory/low] tags stack: no owner tag" in lines
     [cost] = [line for line in lines if line.startswith("Cost per month")]
-    assert "max $" in cost and "budget $3,000.00" in cost
+    assert "max $" in cost and "  budget $3,000.00" in lines  # the line after it, in 100 columns
 
 
 def test_table_without_policy_pack_or_outputs():
