@@ -99,9 +99,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)  # end the line the terminal's ^C left
-        return 130
     except runner.ProgramError as exc:
         print(f"error: program failed: {exc}", file=sys.stderr)
         return 2
