@@ -36,15 +36,6 @@ CLASSIFICATION_TAG = "data-classification"
 # cross-border transfers). Tencent Cloud's mainland regions, financial-zone regions included.
 MAINLAND_CHINA_REGIONS = ("ap-beijing", "ap-shanghai", "ap-guangzhou", "ap-chengdu", "ap-chongqing",
                           "ap-nanjing", "ap-shenzhen-fsi", "ap-shanghai-fsi", "ap-beijing-fsi")
-# Tencent Cloud regions the stack deploys to, with the short code TDMQ CMQ's private endpoint
-# (http://<code>.mqadapter.cmq.tencentyun.com) uses for each.
-TENCENT_REGIONS = {
-    "ap-guangzhou": "gz", "ap-shanghai": "sh", "ap-beijing": "bj", "ap-chengdu": "cd", "ap-chongqing": "cq",
-    "ap-nanjing": "nj", "ap-shenzhen-fsi": "szjr", "ap-shanghai-fsi": "shjr", "ap-beijing-fsi": "bjjr",
-    "ap-hongkong": "hk", "ap-singapore": "sg", "ap-tokyo": "jp", "ap-seoul": "kr", "ap-bangkok": "th",
-    "ap-jakarta": "jkt", "na-siliconvalley": "usw", "na-ashburn": "use", "eu-frankfurt": "de",
-    "sa-saopaulo": "sao",
-}
 # A Uniform scale set in a single placement group (one InfiniBand domain) holds at most 100 VMs.
 AZURE_SCALE_SET_MAX = 100
 _SECRET = "[secret]"
@@ -269,8 +260,6 @@ class StackConfig(_Frozen):
         if self.cloud != "aws" and self.network is not None:
             raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
                               "an existing network is supported on aws only")
-        if self.cloud == "tencent" and self.region not in TENCENT_REGIONS:
-            raise ConfigError(REGION_KEY["tencent"], self.region, f"one of {', '.join(TENCENT_REGIONS)}")
         if self.cloud == "tencent":
             for key, value in self.tags.items():
                 if len(key) > 127 or len(value) > 255 or key.lower().startswith(("qcloud", "tencent", "project")):

@@ -53,7 +53,23 @@ def check_azure(location: str) -> str | None:
     return f"not an Azure location; known: {', '.join(sorted(AZURE_LOCATIONS))}"
 
 
-CHECKS = {"aws": check_aws, "azure": check_azure}
+# Tencent Cloud regions the stack deploys to, with the short code TDMQ CMQ's private endpoint
+# (http://<code>.mqadapter.cmq.tencentyun.com) uses for each.
+TENCENT_REGIONS = {
+    "ap-guangzhou": "gz", "ap-shanghai": "sh", "ap-beijing": "bj", "ap-chengdu": "cd", "ap-chongqing": "cq",
+    "ap-nanjing": "nj", "ap-shenzhen-fsi": "szjr", "ap-shanghai-fsi": "shjr", "ap-beijing-fsi": "bjjr",
+    "ap-hongkong": "hk", "ap-singapore": "sg", "ap-tokyo": "jp", "ap-seoul": "kr", "ap-bangkok": "th",
+    "ap-jakarta": "jkt", "na-siliconvalley": "usw", "na-ashburn": "use", "eu-frankfurt": "de",
+    "sa-saopaulo": "sao",
+}
+
+
+def check_tencent(region: str) -> str | None:
+    """None when the stack deploys to ``region`` on Tencent Cloud, else what is allowed (one line)."""
+    return None if region in TENCENT_REGIONS else f"one of {', '.join(TENCENT_REGIONS)}"
+
+
+CHECKS = {"aws": check_aws, "azure": check_azure, "tencent": check_tencent}
 
 
 def check(cloud: str, region: str) -> str | None:

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 
 from infra import catalog
-from infra.config import TENCENT_REGIONS, StackConfig
+from infra.config import StackConfig
+from infra.regions import TENCENT_REGIONS
 
 VPC_CIDR = "10.72.0.0/16"
 QUEUE_ZONES = 3                 # subnets (zones) in queue mode; gang mode uses one

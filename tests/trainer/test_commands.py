@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import free_port
-from tests.trainer.fake_imds import FakeImds
+from infra.demo.imds import FakeImds
 from trainer.__main__ import main
 from trainer.errors import UsageError
 from trainer.loop.shards import write_shards

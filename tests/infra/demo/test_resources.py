@@ -8,7 +8,7 @@ import pytest
 
 from infra.demo import resources as rs
 from infra.demo.cluster import Cluster, node_settings, preview_document
-from infra.userdata import checked_settings
+from trainer.node import node_schema
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_other_stacks_are_refused_in_one_line(doc):
 
 def test_node_settings_are_what_user_data_writes(res):
     node = node_settings(res, "http://127.0.0.1:1/123456789012/q")
-    assert checked_settings(node) == node  # the contract's keys, hooks null: moto cannot complete them
+    assert node_schema.check(node, complete=True) == node  # the contract's keys, hooks null: moto cannot complete them
     assert (node["bucket"], node["asg_name"], node["cloud"]) == (res.bucket_name, res.group_name, "aws")
 
 

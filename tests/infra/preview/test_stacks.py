@@ -81,7 +81,7 @@ def test_alerts_that_reach_nobody_are_warned_in_every_format(doc):
     from infra.preview import markdown, report
 
     assert doc["warnings"] == [config.ALERTS_NOBODY]
-    assert config.ALERTS_NOBODY in report.table(doc) and config.ALERTS_NOBODY in markdown.render(doc)
+    assert config.ALERTS_NOBODY in report.table(doc, width=200) and config.ALERTS_NOBODY in markdown.render(doc)
     assert {v["policy"] for v in doc["policy"]["violations"]} == {"aws-sns-topic-alert-subscribers"}
     raw, secrets = config.read_stack_file(REPO / f"Pulumi.{doc['stack']}.yaml")
     subscribed = runner.preview({**raw, "gpufleet:alertEmails": ["ops@example.com"]}, secrets, doc["stack"])
