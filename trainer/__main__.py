@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 from trainer import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
@@ -53,4 +54,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # A finished command ends here, skipping the interpreter's teardown: C++ threads of torch and the SDKs
+    # destroyed at exit can abort ("terminate called without an active exception", SIGABRT) after the work
+    # is done and its status decided. Everything the command wrote is flushed first.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -105,8 +105,9 @@ def test_jobs_submit_hands_its_words_to_the_trainer(gpufleet, tmp_path):
                "--job-id", "j1", "--sweep", "lr=1e-3,3e-4", "--", "--steps", "5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     jobs = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert jobs == [{"job_id": "j1.lr-1e-3", "args": ["--steps", "5", "--lr", "1e-3"]},
-                    {"job_id": "j1.lr-3e-4", "args": ["--steps", "5", "--lr", "3e-4"]}]
+    assert [(j["spec"], j["kind"], j["job_id"], j["args"]) for j in jobs] == [
+        (1, "trainer", "j1.lr-1e-3", ["--steps", "5", "--lr", "1e-3"]),
+        (1, "trainer", "j1.lr-3e-4", ["--steps", "5", "--lr", "3e-4"])]
 
 
 # This module is also a command (configure + run), to show that a command is one entry of cli.COMMANDS.

@@ -176,7 +176,7 @@ def test_queue_mode_group_scales_from_zero_over_three_zones_with_both_hooks(tenc
     g = tencent_run.one(GROUP).inputs
     assert (g["minSize"], g["desiredCapacity"], g["maxSize"]) == (0, 0, 4)
     assert g["configurationId"] == tencent_run.one(CONFIG).id and g["vpcId"] == tencent_run.one(VPC).id
-    assert g["subnetIds"] == [s.id for s in tencent_run.of_type(SUBNET)] and g["multiZoneSubnetPolicy"] == "EQUALITY"
+    assert sorted(g["subnetIds"]) == sorted(s.id for s in tencent_run.of_type(SUBNET)) and g["multiZoneSubnetPolicy"] == "EQUALITY"
     hooks = {h.inputs["lifecycleTransition"]: h.inputs for h in tencent_run.of_type(HOOK)}
     assert hooks["INSTANCE_LAUNCHING"] == {**hooks["INSTANCE_LAUNCHING"], "defaultResult": "ABANDON",
                                            "heartbeatTimeout": 1800, "lifecycleHookName": "gpufleet-tencent-preflight"}
