@@ -396,6 +396,9 @@ def open_queue(url: str, region: str | None = None) -> SqsJobQueue:
 
 # --- Node platform: the autoscaling group ----------------------------------------------------------
 
+METADATA_TRIES = 3  # reads of the instance id before a node counts as off EC2
+
+
 class NodePlatform(Platform):
     """This instance in its autoscaling group: scale-in protection, lifecycle hooks, the gang. Clients are
     made on first use from the node's region unless given (tests pass clients of a moto server)."""
@@ -406,11 +409,15 @@ class NodePlatform(Platform):
         self.node, self.imds = node, imds or Imds()
         self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3, "ssm": None}
         self.instance_id = self.asg = None
-        try:
-            self.instance_id = self.imds.instance_id()
-        except ImdsUnavailable:
-            log.info("no instance metadata: no scale-in protection or lifecycle actions")
-            return
+        for attempt in range(METADATA_TRIES):  # node.json names AWS: a slow answer (boot, load) is not "off EC2"
+            try:
+                self.instance_id = self.imds.instance_id()
+                break
+            except ImdsUnavailable:
+                if attempt + 1 == METADATA_TRIES:
+                    log.info("no instance metadata: no scale-in protection or lifecycle actions")
+                    return
+                time.sleep(0.5)
         self.asg = node.get("asg_name") or next(iter(
             i["AutoScalingGroupName"] for i in self.client("autoscaling").describe_auto_scaling_instances(
                 InstanceIds=[self.instance_id])["AutoScalingInstances"]), None)
