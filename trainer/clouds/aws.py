@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
+from trainer.loop.notices import poll_with_backoff
 from trainer.loop.storage import MiB, Store
 from trainer.node import metric_names
 from trainer.node.platform import Platform
@@ -153,22 +154,16 @@ class Watcher:
             log.warning("EC2 rebalance recommendation: interruption risk is elevated; continuing")
         return reason
 
+    def check(self) -> None:
+        """Poll once; set the notice on an interruption."""
+        reason = self.poll()
+        if reason:
+            log.warning("stop notice: %s", reason)
+            self.notice.set(reason)
+
     def run(self) -> None:
-        delay = self.interval_s
-        while not self.stopped.is_set() and not self.notice.is_set():
-            try:
-                reason = self.poll()
-            except ImdsUnavailable as exc:
-                if delay == self.interval_s:
-                    log.info("%s; retrying with backoff", exc)
-                delay = min(delay * 2, self.max_backoff_s)
-            else:
-                delay = self.interval_s
-                if reason:
-                    log.warning("stop notice: %s", reason)
-                    self.notice.set(reason)
-                    return
-            self.stopped.wait(delay)
+        poll_with_backoff(self.check, ImdsUnavailable, self.stopped, self.interval_s, self.max_backoff_s,
+                          done=self.notice.is_set)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="imds-watcher", daemon=True)

@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
+from trainer.loop.notices import poll_with_backoff
 from trainer.loop.storage import MiB, Store
 from trainer.node.platform import Platform
 
@@ -386,17 +387,7 @@ class ScheduledEventsWatcher(threading.Thread):
         return events
 
     def run(self) -> None:
-        delay = self.interval_s
-        while not self.stopped.is_set():
-            try:
-                self.poll()
-            except MetadataUnavailable as exc:
-                if delay == self.interval_s:
-                    log.info("%s; retrying with backoff", exc)
-                delay = min(delay * 2, self.max_backoff_s)
-            else:
-                delay = self.interval_s
-            self.stopped.wait(delay)
+        poll_with_backoff(self.poll, MetadataUnavailable, self.stopped, self.interval_s, self.max_backoff_s)
 
 
 def start_watcher(notice, settings: dict, base_url: str = DEFAULT_BASE, interval_s: float = 2.0) -> ScheduledEventsWatcher:

@@ -41,6 +41,7 @@ from trainer.clouds.tencent_api import (METADATA_ENDPOINT, Api, ApiError, Cmq, M
                                         RoleCredentials, StaticCredentials, env_credentials)
 from trainer.errors import UsageError
 from trainer.jobs.queue import JobQueue, Message
+from trainer.loop.notices import poll_with_backoff
 from trainer.node.platform import Platform
 
 log = logging.getLogger("gpufleet.tencent")
@@ -271,17 +272,8 @@ class SpotWatcher(threading.Thread):
         return reason
 
     def run(self) -> None:
-        delay = self.interval_s
-        while not self.stopped.is_set() and not self.notice.is_set():
-            try:
-                self.poll()
-            except MetadataUnavailable as exc:
-                if delay == self.interval_s:
-                    log.info("%s; retrying with backoff", exc)
-                delay = min(delay * 2, self.max_backoff_s)
-            else:
-                delay = self.interval_s
-            self.stopped.wait(delay)
+        poll_with_backoff(self.poll, MetadataUnavailable, self.stopped, self.interval_s, self.max_backoff_s,
+                          done=self.notice.is_set)
 
 
 def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> SpotWatcher:
