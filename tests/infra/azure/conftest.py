@@ -1,91 +1,21 @@
-"""Run the Azure program on Pulumi's mock runtime with the preview's provider mocks; collect what it registers."""
+"""The azure stack on Pulumi's mock runtime (tests/infra/mock_run.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import pulumi
 import pytest
-from pulumi.runtime.mocks import MockMonitor
 
-from infra import config
 from infra.azure.stack import build_azure
-from infra.preview.mocks import PreviewMocks
-from tests.conftest import ROOT
+from tests.infra.mock_run import Resource, Run, run_program, stack_config
+
+__all__ = ["Resource", "Run", "run_stack", "azure_config"]
 
 
-@dataclass
-class Resource:
-    type: str
-    name: str
-    urn: str
-    inputs: dict
-
-    @property
-    def parent_type(self) -> str | None:
-        chain = self.urn.split("::")[2].split("$")
-        return chain[-2] if len(chain) > 1 else None
+def run_stack(cfg) -> Run:
+    return run_program(build_azure, cfg)
 
 
-class _Recording(PreviewMocks):
-    def __init__(self, stack: str, region: str):
-        super().__init__(stack, region)
-        self.inputs: dict[tuple[str, str], dict] = {}
-
-    def new_resource(self, args):
-        self.inputs[(args.typ, args.name)] = dict(args.inputs)
-        rid, state = super().new_resource(args)
-        identity = state.get("identity")
-        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
-            # ARM answers the identity list given on input as a map {resource id: {clientId, principalId}}.
-            state = {**state, "identity": {**identity, "userAssignedIdentities": {
-                i: {} for i in identity["userAssignedIdentities"]}}}
-        return rid, state
-
-
-@dataclass
-class Run:
-    resources: list[Resource]
-    outputs: dict
-
-    def of_type(self, typ: str) -> list[Resource]:
-        return [r for r in self.resources if r.type == typ]
-
-    def one(self, typ: str) -> Resource:
-        found = self.of_type(typ)
-        assert len(found) == 1, f"{typ}: {len(found)} resources"
-        return found[0]
-
-
-def run_stack(cfg: config.StackConfig) -> Run:
-    mocks = _Recording(cfg.stack, cfg.region)
-    monitor = MockMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="gpufleet", stack=cfg.stack, preview=False, monitor=monitor)
-    outputs: dict = {}
-
-    @pulumi.runtime.test
-    def program():
-        result = build_azure(cfg)
-        return pulumi.Output.all(**{k: pulumi.Output.from_input(v) for k, v in result.items()}).apply(outputs.update)
-
-    program()
-    resources = []
-    for urn in monitor.get_registered_resources():
-        typ, name = urn.split("::")[2].split("$")[-1], urn.split("::")[3]
-        resources.append(Resource(typ, name, urn, mocks.inputs[(typ, name)]))
-    return Run(resources, outputs)
-
-
-def azure_config(**overrides) -> config.StackConfig:
+def azure_config(**overrides):
     """Pulumi.azure.yaml, with `gpufleet:<key>` values replaced (None removes the key)."""
-    raw, secrets = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
-    raw = dict(raw)
-    for key, value in overrides.items():
-        full = key if ":" in key else f"gpufleet:{key}"
-        if value is None:
-            raw.pop(full, None)
-        else:
-            raw[full] = value
-    return config.parse(raw, "azure", secrets)
+    return stack_config("azure", **overrides)
 
 
 @pytest.fixture(scope="session")
