@@ -43,7 +43,7 @@ TRANSITIONS = {
     "failed": {"queued"},
     "cancelled": {"queued"},
 }
-REASONS = ("preemption", "failure", "timeout", "cancel", "hand-back", "lost")
+REASONS = ("preemption", "failure", "timeout", "cancel", "hand-back", "lost", "dead-lettered")  # of an attempt
 PROGRESS_FIELDS = ("step", "total", "loss", "samples_per_s", "gpu_util")
 PROGRESS_EVERY_S = 30.0
 MAX_TRIES = 50  # read-modify-write cycles before a contended update gives up
