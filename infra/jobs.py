@@ -59,7 +59,8 @@ def _list(args) -> int:
     chosen = commands.select(recs, args.state, since)
     rows = [{**commands.row(r, now, price_hour), "currency": _currency(r)} for r in chosen]
     if args.format == "json":
-        print(json.dumps([{**r, **row} for r, row in zip(chosen, rows)], indent=2))
+        extra = ("gpu_hours", "cost", "currency")
+        print(json.dumps([{**r, **{k: row[k] for k in extra}} for r, row in zip(chosen, rows)], indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table

@@ -103,7 +103,7 @@ def age(seconds: float) -> str:
 
 
 def row(rec: dict, now: float, price_hour: Callable[[str], float | None] | None = None) -> dict:
-    """One job as `list` shows it; the JSON of `list --format json` is the record with these added."""
+    """One job as the `list` table shows it (`list --format json`: the record with gpu_hours and cost added)."""
     last = rec["attempts"][-1] if rec.get("attempts") else None
     progress = rec.get("progress") or {}
     step = progress.get("step")
