@@ -28,6 +28,9 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 def _submit(argv: list[str]) -> int:
     import trainer.__main__
 
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    if "--stack" in own and not any(a == "--project-dir" or a.startswith("--project-dir=") for a in own):
+        argv = ["--project-dir", str(PROJECT_DIR), *argv]  # `pulumi stack output` runs in the project
     return trainer.__main__.main(["submit", *argv])
 
 
@@ -70,7 +73,7 @@ def _list(args) -> int:
         table.add_column(col, justify="right" if col in ("attempts", "progress", "age", "GPU-h", "cost") else "left")
     style = {"succeeded": "green", "failed": "red", "cancelled": "dim", "preempted": "yellow", "running": "cyan"}
     for r in rows:
-        cost = "-" if r["cost"] is None else f"{r['cost']:.2f} {r['currency']}"
+        cost = "-" if r["cost"] is None or not r["attempts"] else f"{r['cost']:.2f} {r['currency']}"
         table.add_row(r["job_id"], r["kind"], r["state"], str(r["attempts"]), r["node"] or "-", r["progress"] or "-",
                       r["age"], f"{r['gpu_hours']:.2f}", cost, style=style.get(r["state"].split()[0]))
     Console(width=max(120, Console().width)).print(table)
