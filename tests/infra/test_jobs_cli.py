@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from trainer.jobs import logs, records
+from trainer.jobs import logs
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, validate
 
@@ -237,3 +237,17 @@ def test_no_pulumi_on_path_and_no_credentials(cluster, tmp_path):
     assert proc.returncode == 2 and err(proc).startswith("error: no usable AWS credentials (Unable to locate "
                                                          "credentials); set AWS_ACCESS_KEY_ID"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_bucket_and_queues_of_each_clouds_outputs():
+    from trainer.jobs.commands import Target, target_of_outputs
+
+    assert target_of_outputs("dev", {"bucket": "b", "queueUrl": "q", "dlqUrl": "d"}) == Target("b", "q", "d")
+    assert target_of_outputs("azure", {"containerUrl": "https://acct.blob.core.windows.net/checkpoints",
+                                       "queueUrl": "https://acct.queue.core.windows.net/jobs",
+                                       "poisonQueueUrl": "https://acct.queue.core.windows.net/jobs-poison"}) == Target(
+        "https://acct.blob.core.windows.net/checkpoints", "https://acct.queue.core.windows.net/jobs",
+        "https://acct.queue.core.windows.net/jobs-poison")
+    assert target_of_outputs("tencent", {"bucket": "gpufleet-t-data-125", "queueUrl": "q", "dlqUrl": "d",
+                                         "checkpointUriTemplate": "cos://gpufleet-t-data-125/jobs/<job_id>/"}) == \
+        Target("cos://gpufleet-t-data-125", "q", "d")
