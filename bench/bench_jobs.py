@@ -7,6 +7,10 @@ the host's Python mounted into it) and a moto server on loopback.
   container_first_line_s and code_first_line_s are the two medians.
 - code_bundle_upload_s: `submit --workdir`'s pack and upload of a 50 MB directory (50 files of random bytes) to S3;
   code_bundle_resubmit_s: the same submit again, which finds the bundle by its SHA-256 and uploads nothing.
+- jobs_list_s: reading 1,000 job records for `gpufleet jobs list` (through the records' index) against a moto server
+  in a process of its own, median of ROUNDS; jobs_list_cli_s: the whole `gpufleet jobs list --format json`
+  command (interpreter start included); jobs_scan_s: the same 1,000 records read one by one in parallel,
+  without the index (what a bucket written before the index costs).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +40,60 @@ def first_line_s(agent, job) -> float:
     assert line.strip() == b"first line", line
     assert run.wait() == 0
     return elapsed
+
+
+JOBS = 1000
+
+
+def list_figures() -> dict[str, dict]:
+    import boto3
+
+    from bench.bench_trainer import moto_server
+    from trainer.jobs.records import RecordStore
+    from trainer.jobs.spec import Job
+
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
+    try:
+        with moto_server() as url:
+            os.environ.update(env, AWS_ENDPOINT_URL=url)
+            boto3.client("s3").create_bucket(Bucket="bench-jobs",
+                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            rs = RecordStore.of_bucket("bench-jobs")
+
+            def submitted(i: int) -> None:  # a third of them running
+                job_id = f"sweep.lr-{i:04d}"
+                rs.create(Job(job_id, args=("--steps", "100", "--lr", str(i))).to_dict())
+                if i % 3 == 0:
+                    rs.claimed(job_id, {"node": f"i-{i:04x}", "instance_type": "g5.xlarge", "gpus": 1})
+
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(submitted, range(JOBS)))
+            listed, scanned = [], []
+            for _ in range(ROUNDS):
+                started = time.perf_counter()
+                assert len(RecordStore.of_bucket("bench-jobs").all()) == JOBS
+                listed.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "infra.cli", "jobs", "list", "--bucket", "bench-jobs",
+                                   "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+            cli_s = time.perf_counter() - started
+            assert proc.returncode == 0 and proc.stdout.count('"job_id"') == JOBS, proc.stderr[-500:]
+            started = time.perf_counter()
+            assert len(RecordStore.of_bucket("bench-jobs").all(scan=True)) == JOBS
+            scanned.append(time.perf_counter() - started)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return {
+        "jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
+        "jobs_list_cli_s": {"value": cli_s, "unit": "s", "target": ""},
+        "jobs_scan_s": {"value": scanned[0], "unit": "s", "target": ""},
+    }
 
 
 def run() -> dict[str, dict]:
@@ -86,7 +145,7 @@ def run() -> dict[str, dict]:
             else:
                 os.environ[key] = value
     container_s, code_s = statistics.median(container), statistics.median(code)
-    return {
+    return {**list_figures(),
         "container_job_overhead_s": {"value": container_s - code_s, "unit": "s", "target": "< 1.5"},
         "container_first_line_s": {"value": container_s, "unit": "s", "target": ""},
         "code_first_line_s": {"value": code_s, "unit": "s", "target": ""},

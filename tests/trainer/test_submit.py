@@ -96,12 +96,16 @@ def test_workdir_is_uploaded_once_by_content(queue, tmp_path):
     (work / ".gpufleetignore").write_text("# data stays out\ndata.bin\n")
     argv = ["--queue-url", url, "--bucket", "ckpt", "--workdir", str(work), "--job-id", "c1", "--env", "A=1",
             "--", "python", "train.py"]
-    first, second = submit(*argv), submit(*argv)
+    first = submit(*argv)
+    refused = submit(*argv)  # c1 is queued (its record says so): a second job of that id is refused
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (
+        2, "error: --job-id: job c1 exists and is queued; choose another id (or `gpufleet jobs cancel` it first)")
+    second = submit(*[("c2" if a == "c1" else a) for a in argv])
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert "3 files" in first.stdout and ", uploaded" in first.stdout
     assert "already there, not uploaded again" in second.stdout
     (one, two) = received(sqs, url)
-    assert one == two and one["kind"] == "code" and one["command"] == ["python", "train.py"] and one["env"] == {"A": "1"}
+    assert {**one, "job_id": "c2"} == two and one["kind"] == "code" and one["command"] == ["python", "train.py"] and one["env"] == {"A": "1"}
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix="code/")["Contents"]]
     assert keys == [one["code"].removeprefix("s3://ckpt/")]
     body = boto3.client("s3").get_object(Bucket="ckpt", Key=keys[0])["Body"].read()

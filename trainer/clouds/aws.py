@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import poll_with_backoff
-from trainer.loop.storage import MiB, Store
+from trainer.loop.storage import Conflict, MiB, Store
 from trainer.node import metric_names
 from trainer.node.platform import Platform
 from trainer.node.rendezvous import Board, RendezvousError, discover
@@ -219,7 +219,13 @@ def explain(exc: BaseException) -> UsageError | Fault | None:
 # --- Checkpoint store: S3 ---------------------------------------------------------------------------
 
 class S3Store(Store):
-    """s3://bucket/prefix through boto3: multipart transfers (TransferConfig) and botocore's standard retries."""
+    """s3://bucket/prefix through boto3: multipart transfers (TransferConfig) and botocore's standard retries.
+
+    Conditional writes are S3's own (PutObject with If-Match: <ETag> or If-None-Match: *); ``conditional``
+    False (Tencent COS, which documents no If-Match on PUT Object) makes ``write_if`` a plain write.
+    """
+
+    conditional = True
 
     def __init__(self, bucket: str, prefix: str, *, client=None) -> None:
         import boto3
@@ -326,6 +332,14 @@ class S3Store(Store):
             keys.extend(obj["Key"][len(self.prefix):] for obj in page.get("Contents", []))
         return sorted(keys)
 
+    def children(self, prefix: str) -> list[str]:
+        names = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(prefix), Delimiter="/")
+        for page in pages:
+            names.extend(p["Prefix"][len(self._key(prefix)):].rstrip("/") for p in page.get("CommonPrefixes", []))
+        return sorted(names)
+
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
@@ -339,6 +353,32 @@ class S3Store(Store):
                 return False
             raise
         return True
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._missing(exc):
+                raise FileNotFoundError(f"{self.uri}{key}") from exc
+            raise
+        return resp["Body"].read(), resp["ETag"]
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> str:
+        """412 PreconditionFailed (changed, or present for a create), 409 ConditionalRequestConflict (a
+        concurrent conditional write won) and 404 (an If-Match on a deleted object) are a Conflict."""
+        from botocore.exceptions import ClientError
+
+        condition = {} if not self.conditional else {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412) or (version is not None and self._missing(exc)):
+                raise Conflict(f"{self.uri}{key}: {exc.response.get('Error', {}).get('Code', status)}") from None
+            raise
+        return resp["ETag"]
 
 
 def open_store(uri: str) -> S3Store:

@@ -43,7 +43,7 @@ from urllib.parse import urlparse
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import poll_with_backoff
-from trainer.loop.storage import MiB, Store
+from trainer.loop.storage import Conflict, MiB, Store
 from trainer.node.platform import Platform
 
 # --- Credentials and endpoints --------------------------------------------------------------------
@@ -172,6 +172,13 @@ class AzureBlobStore(Store):
         names = self.container.list_blob_names(name_starts_with=self._name(prefix))
         return sorted(name[len(self.prefix):] for name in names)
 
+    def children(self, prefix: str) -> list[str]:
+        from azure.storage.blob import BlobPrefix
+
+        start = self._name(prefix)
+        return sorted(item.name[len(start):].rstrip("/") for item in
+                      self.container.walk_blobs(name_starts_with=start, delimiter="/") if isinstance(item, BlobPrefix))
+
     def delete(self, key: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
@@ -182,6 +189,23 @@ class AzureBlobStore(Store):
 
     def exists(self, key: str) -> bool:
         return self.container.get_blob_client(self._name(key)).exists()
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        stream = self._download(key)
+        return stream.readall(), stream.properties.etag
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> str:
+        """The blob's ETag as the match condition (If-Match), or If-None-Match: * for a create."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+        blob = self.container.get_blob_client(self._name(key))
+        condition = ({"overwrite": False} if version is None else
+                     {"overwrite": True, "etag": version, "match_condition": MatchConditions.IfNotModified})
+        try:
+            return blob.upload_blob(data, **condition)["etag"]
+        except (ResourceExistsError, ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise Conflict(f"{self.uri}{key}: {type(exc).__name__}") from None
 
 
 def open_store(uri: str) -> AzureBlobStore:

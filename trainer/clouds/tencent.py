@@ -138,6 +138,7 @@ def open_store(uri: str):
     settings = node_settings()
     store = S3Store(parsed.netloc, parsed.path, client=cos_client(region_of(settings), credentials(settings)))
     store.uri = f"cos://{parsed.netloc}/{store.prefix}"
+    store.conditional = False  # COS documents no If-Match on PUT Object: job records are last-writer-wins here
     return store
 
 

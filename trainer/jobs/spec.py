@@ -2,7 +2,7 @@
 docs share, and the checks a schema cannot make (train's own flags, secrets written inline, the stack's size).
 
 Version 1: ``{"spec": 1, "job_id", "kind": "trainer"|"image"|"code", "args" | "image"+"command" |
-"code"+"command", "nodes", "gpus_per_node", "env", "timeout", "retries": {"on_error", "on_exit_codes"}}``.
+"code"+"command", "nodes", "gpus_per_node", "env", "timeout", "retries": {"on_error", "on_exit_codes"}, "attempts"}`` (attempts: the history a retried job carries).
 
 Messages without "spec" are version 0, today's ``{"job_id", "args"}`` of the built-in trainer: :func:`migrate`
 turns them into version 1 (kind trainer, every other field at its default), explicitly and only that shape.
@@ -53,6 +53,7 @@ class Job:
     env: dict = field(default_factory=dict)
     timeout: int | None = None
     retries: dict = field(default_factory=lambda: {"on_error": 0, "on_exit_codes": []})
+    attempts: tuple = ()  # the record's attempts so far, on a job queued again (`gpufleet jobs retry`)
 
     def to_dict(self) -> dict:
         out = {"spec": SPEC_VERSION, "job_id": self.job_id, "kind": self.kind}
@@ -63,6 +64,8 @@ class Job:
             out["command"] = list(self.command)
         out.update(nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=dict(self.env), timeout=self.timeout,
                    retries=dict(self.retries))
+        if self.attempts:
+            out["attempts"] = [dict(a) for a in self.attempts]
         return out
 
     def to_json(self) -> str:
@@ -135,7 +138,7 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
     job = Job(job_id=job_id, kind=raw["kind"], args=tuple(raw.get("args", ())), image=raw.get("image"),
               code=raw.get("code"), command=tuple(raw.get("command", ())), nodes=raw.get("nodes", 1),
               gpus_per_node=raw.get("gpus_per_node"), env=dict(raw.get("env", {})), timeout=raw.get("timeout"),
-              retries=retries)
+              retries=retries, attempts=tuple(raw.get("attempts", ())))
     for key, value in job.env.items():
         if isinstance(value, str) and SECRET_NAME.search(key):
             raise UsageError(f"{name}: env {key}: a secret does not belong in the job message; give the name of an "

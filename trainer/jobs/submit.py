@@ -1,4 +1,4 @@
-"""`python -m trainer submit --queue-url URL [--bucket B] [--image REF | --workdir DIR | --trainer] [flags] -- ARGV`.
+"""`python -m trainer submit (--stack NAME | --queue-url URL [--bucket B]) [--image REF | --workdir DIR | --trainer] [flags] -- ARGV`.
 
 Enqueues one job, or with ``--sweep`` the grid of all combinations (one job each, ids derived from the
 values). The kind: ``--trainer`` (the default) runs the built-in trainer with ARGV as its flags; ``--image``
@@ -6,11 +6,15 @@ runs ARGV in a container of that image; ``--workdir`` packs the directory into a
 (``<bucket>/code/<sha256>.tar.gz``, uploaded only when absent) and runs ARGV in it with the node's Python.
 Every job is checked against the job spec (trainer/jobs/job.schema.json; a trainer job's flags by train's
 own parser) before anything is uploaded or sent: one bad job, nothing sent.
+With a bucket (``--bucket``, GPUFLEET_BUCKET, or the outputs of ``--stack``), each job's queued record
+(trainer.jobs.records) is written before its message is sent, so `gpufleet jobs list` shows it at once; a job
+id whose job is not finished is refused.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import sys
 import time
@@ -105,9 +109,13 @@ def _substitute(arg: str, pairs: list[tuple[str, str]]) -> str:
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer submit", description=__doc__.strip(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--queue-url", required=True, help="the cluster's job queue URL")
+    p.add_argument("--stack", metavar="NAME", help="read the queue and bucket from this stack's outputs "
+                                                   "(`pulumi stack output`)")
+    p.add_argument("--project-dir", default=".", metavar="DIR", help="where `pulumi stack output` runs")
+    p.add_argument("--queue-url", help="the cluster's job queue URL (default GPUFLEET_QUEUE_URL)")
     p.add_argument("--bucket", help="the cluster's bucket (AWS: its name; Azure: the checkpoints container URL); "
-                                    "--workdir uploads the bundle there")
+                                    "--workdir uploads the bundle there, the job records go there "
+                                    "(default GPUFLEET_BUCKET)")
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--image", metavar="REF", help="run ARGV in a container of this image")
     kind.add_argument("--workdir", metavar="DIR", help="pack DIR as a code bundle and run ARGV in it")
@@ -135,6 +143,15 @@ def parser() -> ArgumentParser:
 def main(argv: list[str]) -> int:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
+    if args.stack:
+        from trainer.jobs.commands import resolve
+
+        target = resolve(args.stack, args.project_dir, None, None)
+        args.queue_url, args.bucket = target.queue_url, target.bucket
+    args.queue_url = args.queue_url or os.environ.get("GPUFLEET_QUEUE_URL")
+    args.bucket = args.bucket or os.environ.get("GPUFLEET_BUCKET")
+    if not args.queue_url and not args.dry_run:
+        raise UsageError("--queue-url: missing; give --stack NAME or --queue-url (or GPUFLEET_QUEUE_URL)")
     kind = "image" if args.image else "code" if args.workdir else "trainer"
     base_id = check_job_id(args.job_id, "--job-id") if args.job_id else time.strftime("job-%Y%m%d-%H%M%S",
                                                                                       time.gmtime())
@@ -164,11 +181,29 @@ def main(argv: list[str]) -> int:
             print(job.to_json())
         return 0
     queue = open_queue(args.queue_url)
+    book = None
+    if args.bucket:
+        from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob
+
+        book = RecordStore.of_bucket(args.bucket)
+        for job in jobs:  # refuse a live id before anything is uploaded or sent
+            try:
+                state = book.get(job.job_id)["state"]
+            except UnknownJob:
+                continue
+            if state not in TERMINAL:
+                raise UsageError(f"--job-id: job {job.job_id} exists and is {state}; choose another id (or "
+                                 "`gpufleet jobs cancel` it first)")
+    else:
+        print("note: no --bucket: no job records written (`gpufleet jobs list` shows these jobs once given "
+              "--bucket or --stack)", file=sys.stderr)
     if packed is not None:
         uri, sent = bundle.upload(packed, args.bucket)
         print(f"code bundle {uri}: {packed.files} files, {packed.size / bundle.MB:.1f} MB, "
               f"{'uploaded' if sent else 'already there, not uploaded again'}")
     for job in jobs:
+        if book is not None:
+            book.create(job.to_dict())
         queue.send(job.to_json())
         what = " ".join(job.args) if kind == "trainer" else " ".join(job.command)
         print(f"queued {job.job_id} ({kind}): {what}")

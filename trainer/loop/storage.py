@@ -3,9 +3,16 @@
 
 `open_store(uri)` picks the implementation; keys are relative to the URI's prefix and use "/".
 A missing key raises FileNotFoundError on every store.
+
+Conditional writes (job records): ``read_versioned(key)`` gives the object and its version, an opaque string
+that changes whenever the object does (S3's ETag, Blob's ETag, a local file's SHA-256); ``write_if(key, data,
+version)`` writes only while the object is still at that version (``None``: only while it is absent) and raises
+:class:`Conflict` otherwise, so two read-modify-write cycles never lose each other's update.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
@@ -16,6 +23,10 @@ from trainer.clouds import adapter
 from trainer.errors import UsageError
 
 MiB = 1024 * 1024
+
+
+class Conflict(Exception):
+    """A conditional write found the object changed since the version it was given (or present, for a create)."""
 
 
 class Store:
@@ -43,7 +54,21 @@ class Store:
         """Remove key; a missing key is not an error."""
         raise NotImplementedError
 
+    def children(self, prefix: str) -> list[str]:
+        """The names one level below ``prefix`` (ending in "/") that hold keys, sorted: ``children("jobs/")``
+        lists the job ids without listing their checkpoints. Stores with a delimiter listing override this."""
+        return sorted({k[len(prefix):].split("/", 1)[0] for k in self.list(prefix) if "/" in k[len(prefix):]})
+
     def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object and its version; FileNotFoundError when it is missing."""
+        raise NotImplementedError
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Write ``data`` only if the object is still at ``version`` (None: only if absent); its new version.
+        Conflict when it is not."""
         raise NotImplementedError
 
 
@@ -93,12 +118,16 @@ class LocalStore(Store):
         keys = []
         for dirpath, _, files in os.walk(self.root):
             for name in files:
-                if name.startswith(".") and name.endswith(".tmp"):
+                if name.startswith(".") and name.endswith((".tmp", ".lock")):
                     continue
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)
+
+    def children(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -110,6 +139,26 @@ class LocalStore(Store):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self._path(key).read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def write_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Check and write under an exclusive lock of the file's lock file (``.<name>.lock`` beside it), so a
+        writer of another process cannot slip in between; the write itself is atomic (rename)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                raise Conflict(f"{self.uri}/{key}: at version {current}, not {version}")
+            self.write_bytes(key, data)
+        return hashlib.sha256(data).hexdigest()
 
 
 # Object-store URIs of the clouds: scheme (or https host suffix) -> the trainer.clouds module that opens them.

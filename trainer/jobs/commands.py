@@ -1,0 +1,208 @@
+"""What `gpufleet jobs list|status|logs|cancel|retry` do, on the stack's bucket and queue (the records of
+trainer.jobs.records, the output of trainer.jobs.logs). The console (flags, the table, prices from the
+catalog) is infra/jobs.py; this module needs neither Pulumi nor infra.
+
+Where the jobs are: ``--stack NAME`` (the outputs of ``pulumi stack output --json --stack NAME``, run in the
+project directory), or ``--queue-url``/``--bucket`` (environment: GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET,
+GPUFLEET_DLQ_URL).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterator
+
+from trainer.errors import UsageError
+from trainer.jobs import logs, records
+from trainer.jobs.records import RecordStore
+
+ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL"}
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Target:
+    bucket: str
+    queue_url: str | None = None
+    dlq_url: str | None = None
+
+    def records(self) -> RecordStore:
+        return RecordStore.of_bucket(self.bucket)
+
+
+def stack_outputs(stack: str, project_dir, run=subprocess.run) -> dict:
+    """``pulumi stack output --json --stack NAME`` in the project directory; one line for each way it fails."""
+    try:
+        proc = run(["pulumi", "stack", "output", "--json", "--stack", stack], cwd=project_dir,
+                   capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise UsageError("--stack: the pulumi CLI is not on PATH; install it, or give --queue-url and --bucket "
+                         "(or GPUFLEET_QUEUE_URL and GPUFLEET_BUCKET)") from None
+    if proc.returncode != 0:
+        why = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), f"exit status {proc.returncode}")
+        raise UsageError(f"--stack {stack}: `pulumi stack output` failed: {why}")
+    try:
+        outputs = json.loads(proc.stdout or "{}")
+    except ValueError:
+        raise UsageError(f"--stack {stack}: `pulumi stack output --json` printed no JSON") from None
+    return outputs if isinstance(outputs, dict) else {}
+
+
+def target_of_outputs(stack: str, outputs: dict) -> Target:
+    """The bucket (an S3 bucket name, the Azure checkpoints container URL, cos://<bucket> on Tencent), queue
+    and dead-letter queue of a stack's outputs."""
+    bucket = outputs.get("containerUrl") or outputs.get("bucket")
+    if bucket and str(outputs.get("checkpointUriTemplate", "")).startswith("cos://"):
+        bucket = f"cos://{bucket}"
+    if not bucket or not outputs.get("queueUrl"):
+        raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
+                         f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
+    return Target(bucket, outputs["queueUrl"], outputs.get("dlqUrl") or outputs.get("poisonQueueUrl"))
+
+
+def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str | None, dlq_url: str | None = None,
+            environ=os.environ) -> Target:
+    if stack:
+        return target_of_outputs(stack, stack_outputs(stack, project_dir))
+    bucket = bucket or environ.get(ENV["bucket"])
+    if not bucket:
+        raise UsageError(f"no jobs bucket: give --stack NAME, or --bucket (or {ENV['bucket']})")
+    return Target(bucket, queue_url or environ.get(ENV["queue_url"]), dlq_url or environ.get(ENV["dlq_url"]))
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: a duration back from now (90s, 30m, 2h, 7d) or an ISO date/time (UTC unless it says)."""
+    m = DURATION.match(text.strip())
+    if m:
+        return now - float(m.group(1)) * UNIT_S[m.group(2)]
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since: {text!r} is not allowed; expected a duration (30m, 2h, 7d) or an ISO date/time "
+                         "(2026-05-01 or 2026-05-01T12:00)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def select(recs: list[dict], state: str | None, since: float | None) -> list[dict]:
+    if state and state not in records.STATES:
+        raise UsageError(f"--state: {state!r} is not allowed; expected one of {', '.join(records.STATES)}")
+    return [r for r in recs if (not state or r["state"] == state) and (since is None or r["submitted"] >= since)]
+
+
+def age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def row(rec: dict, now: float, price_hour: Callable[[str], float | None] | None = None) -> dict:
+    """One job as the `list` table shows it (`list --format json`: the record with gpu_hours and cost added)."""
+    last = rec["attempts"][-1] if rec.get("attempts") else None
+    progress = rec.get("progress") or {}
+    step = progress.get("step")
+    return {
+        "job_id": rec["job_id"], "kind": rec.get("kind"), "state": rec["state"]
+        + (" (cancelling)" if rec.get("cancel_requested") and rec["state"] == "running" else ""),
+        "attempts": len(rec.get("attempts", [])), "node": ",".join(last["nodes"]) if last else "",
+        "progress": "" if step is None else f"{step}/{progress['total']}" if progress.get("total") else str(step),
+        "age": age(now - rec["submitted"]), "gpu_hours": round(records.gpu_hours(rec, now), 3),
+        "cost": None if price_hour is None else records.cost(rec, price_hour, now),
+    }
+
+
+def checkpoint_uri(target: Target, rec: dict) -> str:
+    """Where the job checkpoints: its own --checkpoint-uri, else <bucket>/jobs/<job_id>/."""
+    args = list((rec.get("spec") or {}).get("args") or [])
+    for i, arg in enumerate(args):
+        if arg == "--checkpoint-uri" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--checkpoint-uri="):
+            return arg.partition("=")[2]
+    from trainer.jobs.bundle import store_base
+
+    return f"{store_base(target.bucket)}jobs/{rec['job_id']}/"
+
+
+def output(target: Target, job_id: str, attempt: int | None, follow: bool, poll_s: float = 2.0) \
+        -> Iterator[tuple[int, str, bytes]]:
+    """(attempt, node, bytes) of the job's output: one attempt (default: the latest), or with ``follow`` every
+    chunk as it comes until the job is finished."""
+    rs = target.records()
+    rs.get(job_id)  # an unknown id is one line, not an empty output
+    store = rs.store
+    if follow:
+        def finished() -> bool:
+            return rs.get(job_id)["state"] in records.TERMINAL
+
+        yield from logs.follow(store, job_id, finished, attempt, poll_s, only_attempt=attempt is not None)
+        return
+    numbers = logs.attempts(store, job_id)
+    if attempt is not None and attempt not in numbers:
+        raise UsageError(f"--attempt: job {job_id} has no output of attempt {attempt}; attempts with output: "
+                         f"{', '.join(map(str, numbers)) or 'none yet'}")
+    chosen = attempt if attempt is not None else (numbers[-1] if numbers else None)
+    if chosen is None:
+        return
+    for node, data in logs.read(store, job_id, chosen):
+        yield chosen, node, data
+
+
+def cancel(target: Target, job_id: str) -> str:
+    """The user's cancel, told in one line."""
+    told = ""
+
+    def fn(rec: dict) -> dict:
+        nonlocal told
+        new, told = records.cancel(rec, time.time())
+        return new
+
+    target.records().update(job_id, fn)
+    return told
+
+
+def retry(target: Target, job_id: str) -> str:
+    """A failed (or dead-lettered) or cancelled job back on the queue: a fresh message from its spec carrying its
+    attempts, the dead-letter copy removed when there is one, the record queued."""
+    if not target.queue_url:
+        raise UsageError(f"retry: no queue; give --stack NAME or --queue-url (or {ENV['queue_url']})")
+    from trainer.jobs.queue import open_queue
+
+    rs = target.records()
+    rec = rs.get(job_id)
+    removed = remove_dead_letter(target.dlq_url, job_id) if target.dlq_url else 0
+    if removed and rec["state"] not in ("failed", "cancelled"):  # dead-lettered before any agent could say so
+        rs.update(job_id, lambda r: records.end(r, "failed", None, "dead-lettered", time.time()))
+    rec = rs.update(job_id, lambda r: records.retry(r, time.time()))  # refuses a job that is not finished badly
+    open_queue(target.queue_url).send(json.dumps({**rec["spec"], "attempts": rec["attempts"]}))
+    return (f"job {job_id} queued again after {len(rec['attempts'])} attempt(s)"
+            + ("; its dead-letter message removed" if removed else ""))
+
+
+def remove_dead_letter(dlq_url: str, job_id: str, wait_s: int = 1) -> int:
+    """Delete the job's messages from the dead-letter queue (others are made visible again); how many."""
+    from trainer.jobs.queue import open_queue
+
+    dlq = open_queue(dlq_url)
+    others, removed = [], 0
+    while (msg := dlq.receive(wait_s)) is not None:
+        try:
+            mine = json.loads(msg.body).get("job_id") == job_id
+        except (ValueError, AttributeError):
+            mine = False
+        if mine:
+            dlq.delete(msg)
+            removed += 1
+        else:
+            others.append(msg)
+            if len(others) > 1000:
+                break
+    for msg in others:
+        dlq.release(msg)
+    return removed
