@@ -19,12 +19,12 @@ import pytest
 from tests.conftest import free_port
 from tests.trainer.aws import LifecycleStubbed, counts, send
 from infra.demo.imds import FakeImds
-from tests.trainer.gated import GATE, ROOT, TRAIN, steps, wait_for
+from tests.trainer.gated import DIE, GATE, ROOT, TRAIN, steps, wait_for
 from trainer.node.agent import GangAgent, gang_command
 from trainer.loop.checkpoint import Checkpointer, from_bytes
 from trainer.node.emf import Emitter
 from trainer.clouds.aws import NodePlatform, SqsJobQueue
-from trainer.node.rendezvous import ASSIGNMENT_KEY, Assignment, Board, Gang, RendezvousError
+from trainer.node.rendezvous import ASSIGNMENT_KEY, FAILED_PREFIX, Assignment, Board, Gang, RendezvousError
 from trainer.loop.storage import open_store
 
 STEPS = 3
@@ -63,6 +63,11 @@ def test_board_polls_the_assignment_with_its_etag(moto_endpoint, caplog):
     board.clear()
     assert board.read() is None
     assert status == [404, 200, 304, 200, 200, 404]  # an unchanged object is not sent again
+    assert board.failed("g2") is None
+    board.fail("g2", 1, 3)
+    assert board.failed("g2") == {"node_rank": 1, "exit_status": 3} and board.failed("g1") is None
+    board.clear_failed("g2")
+    assert board.failed("g2") is None
 
 
 @pytest.mark.parametrize("settings, flags, message", [
@@ -240,3 +245,34 @@ def test_notice_on_a_worker_stops_the_gang_and_hands_the_job_back(cluster, tmp_p
     assert not protected(head_id)  # the head is not going away: it may take the job again
     stopped = steps(metrics)[-1]["step"]
     assert stopped < 1000 and saved("llm-4")[0] == stopped
+
+
+def objects(prefix: str) -> list[str]:
+    return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix=prefix).get("Contents", [])]
+
+
+@pytest.mark.slow
+def test_a_failed_part_stops_the_other_nodes_part_and_the_job_fails_as_a_whole(cluster, tmp_path):
+    """Node 1's rank exits 3 at its first step; the head's rank waits at a gate (as a rank in a collective with
+    a dead peer waits): the head sees node 1's failure mark, stops its own part and fails the job, which
+    counts against its retries (the message is left for redelivery, not handed back)."""
+    sqs, url, ((head_id, head_ip), (worker_id, worker_ip)), node_json = cluster
+    send(sqs, url, "llm-5", [*TRAIN, "--steps", "1000"])
+    port = free_port()
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+        flags = ["--rdzv-port", str(port), "--gang-timeout", "60"]
+        env = {GATE: f"{tmp_path / 'never'}:1", DIE: "1:1:3"}  # the gate never opens: only a stop ends rank 0
+        worker = start_agent(node_json, worker_imds, tmp_path / "w", *flags, env=env)
+        head = start_agent(node_json, head_imds, tmp_path / "h", *flags, env=env)
+        (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
+    a_run = next(ln for ln in head_err.splitlines() if "assigned to the gang" in ln)
+    assert (head_rc, worker_rc) == (1, 1), head_err + worker_err
+    assert "job llm-5: this node's part failed with exit status 1" in worker_err
+    assert "job llm-5: node 1's part failed (exit status 1): stopping this node's part" in head_err, a_run
+    assert "job llm-5: node 1's part failed with exit status 1; this node's part stopped" in head_err
+    assert "job llm-5: failed with exit status 1" in head_err
+    assert "stopped after a checkpoint" not in head_err  # a failure, not a preemption
+    assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
+    assert assignment() is None and objects(FAILED_PREFIX) == []  # the head cleared the board
+    assert not protected(head_id) and not protected(worker_id)

@@ -129,6 +129,13 @@ class Running:
     def stop(self, grace_s: int) -> None:
         raise NotImplementedError
 
+    def kill(self) -> None:
+        """SIGKILL what is left of the attempt (its process group)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
 
 class TrainerRun(Running):
     """The built-in trainer (torchrun through trainer.node.launch, or one process): its own handler checkpoints."""
@@ -146,6 +153,15 @@ class TrainerRun(Running):
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        """SIGKILL torchrun's workers (each in its own session) and the launcher's group."""
+        for pid in children(self.proc.pid) if self.workers else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        super().kill()
 
 
 class ProcessGroupRun(Running):
@@ -195,6 +211,10 @@ class ContainerRun(Running):
                               capture_output=True, text=True)
         if done.returncode != 0 and self.proc.poll() is None:
             log.warning("docker stop %s: %s", self.name, done.stderr.strip())
+
+    def kill(self) -> None:
+        subprocess.run(["docker", "kill", self.name], env=self.docker_env, capture_output=True)
+        super().kill()
 
 
 def children(pid: int) -> list[int]:
