@@ -39,6 +39,7 @@ from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.spec import Job, parse_job, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
+from trainer.node.registry import write_config_dir
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, node_facts, stop_grace)
@@ -363,9 +364,15 @@ class Agent:
                                scratch=Path("/mnt/scratch").is_dir(),
                                container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
-            log.info("running %s", " ".join(argv))
             docker_env = {**os.environ, **secrets}
-            return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env)
+            login = self.platform.registry_login(job.image)
+            config = None
+            if login is not None:  # the job's docker commands read the node's registry login from a private config
+                config = write_config_dir(job_dir / "docker", [login])
+                docker_env["DOCKER_CONFIG"] = str(config)
+                log.info("registry %s: logged in with the node's identity (DOCKER_CONFIG=%s)", login.host, config)
+            log.info("running %s", " ".join(argv))
+            return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
         from trainer.jobs import bundle
 
         archive = bundle.fetch(job.code, self.work_dir / "bundles")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -195,11 +196,21 @@ class ProcessGroupRun(Running):
 
 
 class ContainerRun(Running):
-    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init)."""
+    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init). Every
+    docker command of the job runs with ``docker_env`` (DOCKER_CONFIG: the job's private registry login)."""
 
-    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str]):
+    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str],
+                 config_dir: Path | None = None):
         super().__init__(proc, stop_file)
-        self.name, self.docker_env = name, docker_env
+        self.name, self.docker_env, self.config_dir = name, docker_env, config_dir
+
+    def wait(self) -> int:
+        """The container's exit status; then its private docker config (the registry login) is removed."""
+        try:
+            return super().wait()
+        finally:
+            if self.config_dir is not None:
+                shutil.rmtree(self.config_dir, ignore_errors=True)
 
     def stop(self, grace_s: int) -> None:
         self.stop_requested = True
