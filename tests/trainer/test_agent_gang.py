@@ -7,6 +7,7 @@ runs (one CPU process per node, gloo).
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import os
 import subprocess
@@ -276,3 +277,57 @@ def test_a_failed_part_stops_the_other_nodes_part_and_the_job_fails_as_a_whole(c
     assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
     assert assignment() is None and objects(FAILED_PREFIX) == []  # the head cleared the board
     assert not protected(head_id) and not protected(worker_id)
+
+
+@pytest.mark.slow
+def test_a_preempted_nodes_replacement_joins_the_next_attempt_which_resumes_from_the_checkpoint(cluster, tmp_path):
+    """Attempt 1: a spot notice on the worker; the gang checkpoints and hands the job back (no failure mark). The
+    group replaces the worker; attempt 2 runs on the head and the replacement from the agreed checkpoint to the
+    end, every step once."""
+    sqs, url, ((head_id, head_ip), (worker_id, worker_ip)), node_json = cluster
+    # no terminate hook: completing one is a call moto lacks (the notice test above stubs it)
+    node_json.write_text(json.dumps({**json.loads(node_json.read_text()), "terminate_hook": None}))
+    gate = tmp_path / "gate"
+    send(sqs, url, "llm-6", [*TRAIN, "--steps", "6"])
+    flags = ["--rdzv-port", str(free_port()), "--gang-timeout", "60"]
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+        env = {GATE: f"{gate}:3"}  # every rank waits at its third forward pass until the gate opens
+        worker = start_agent(node_json, worker_imds, tmp_path / "w1", *flags, env=env)
+        head = start_agent(node_json, head_imds, tmp_path / "h1", *flags, env=env)
+        try:
+            metrics = tmp_path / "h1" / "jobs" / "llm-6" / "metrics.jsonl"
+            wait_for(lambda: steps(metrics), what="the job's first step")
+            worker_imds.spot_interruption()
+            seen = len(worker_imds.gets)
+            wait_for(lambda: "meta-data/spot/instance-action" in worker_imds.gets[seen:],
+                     what="the worker's trainer to read the notice")
+        finally:
+            gate.touch()
+            (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
+    assert (head_rc, worker_rc) == (75, 75), head_err + worker_err
+    assert "message handed back" in head_err and objects(FAILED_PREFIX) == []  # a preemption, not a failure
+    stopped = saved("llm-6")[0]
+    assert 1 <= stopped < 6
+
+    autoscaling = boto3.client("autoscaling")
+    autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=worker_id, ShouldDecrementDesiredCapacity=False)
+    group = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["gang"])["AutoScalingGroups"][0]
+    (new_id,) = {i["InstanceId"] for i in group["Instances"] if i["LifecycleState"] == "InService"} - {head_id}
+    new_ip = boto3.client("ec2").describe_instances(InstanceIds=[new_id])["Reservations"][0]["Instances"][0][
+        "PrivateIpAddress"]
+    assert new_id != worker_id
+    flags = ["--rdzv-port", str(free_port()), "--gang-timeout", "60"]
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=new_id, private_ip=new_ip) as new_imds:
+        replacement = start_agent(node_json, new_imds, tmp_path / "w2", *flags)
+        head = start_agent(node_json, head_imds, tmp_path / "h2", *flags)
+        (head_rc, head_err), (new_rc, new_err) = finish(head), finish(replacement)
+    assert (head_rc, new_rc) == (0, 0), head_err + new_err
+    leader_err = head_err if ipaddress.ip_address(head_ip) < ipaddress.ip_address(new_ip) else new_err
+    assert "job llm-6: done; message deleted" in leader_err and counts(sqs, url) == (0, 0)
+    step, state = saved("llm-6")
+    assert (step, state["world"]) == (6, 2)
+    leader = "h2" if leader_err is head_err else "w2"
+    resumed = steps(tmp_path / leader / "jobs" / "llm-6" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(stopped + 1, 7))  # from the agreed checkpoint, none twice
