@@ -7,9 +7,13 @@ the host's Python mounted into it) and a moto server on loopback.
   container_first_line_s and code_first_line_s are the two medians.
 - code_bundle_upload_s: `submit --workdir`'s pack and upload of a 50 MB directory (50 files of random bytes) to S3;
   code_bundle_resubmit_s: the same submit again, which finds the bundle by its SHA-256 and uploads nothing.
+- gang_fail_fast_s: a 2-node gang (two agents, each with its fake IMDS, real 2-node torchrun on CPU) whose node-1
+  rank exits 3 while the head's rank waits (as a rank in a collective with a dead peer does): from node 1's agent
+  seeing its part fail to the head's part stopped, from the agents' log times.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import statistics
 import subprocess
@@ -35,6 +39,38 @@ def first_line_s(agent, job) -> float:
     assert line.strip() == b"first line", line
     assert run.wait() == 0
     return elapsed
+
+
+def _log_time(err: str, text: str) -> float:
+    """The time of the agent's first log line containing ``text`` (`%(asctime)s`: 2026-12-01 12:51:37,251)."""
+    line = next(ln for ln in err.splitlines() if text in ln)
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def gang_fail_fast_s() -> float:
+    from bench.bench_trainer import moto_server
+    from infra.demo.imds import FakeImds
+    from tests.conftest import free_port
+    from tests.trainer.aws import send
+    from tests.trainer.gated import DIE, GATE, TRAIN
+    from tests.trainer.test_agent_gang import finish, gang_cluster, start_agent
+
+    with moto_server() as url, tempfile.TemporaryDirectory() as tmp:
+        os.environ["AWS_ENDPOINT_URL"] = url
+        work = Path(tmp)
+        sqs, queue, ((head_id, head_ip), (worker_id, worker_ip)), node_json = gang_cluster(work)
+        send(sqs, queue, "bench-gang", [*TRAIN, "--steps", "1000"])
+        flags = ["--rdzv-port", str(free_port()), "--gang-timeout", "60"]
+        env = {GATE: f"{work / 'never'}:1", DIE: "1:1:3"}
+        with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+                FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+            worker = start_agent(node_json, worker_imds, work / "w", *flags, env=env)
+            head = start_agent(node_json, head_imds, work / "h", *flags, env=env)
+            (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
+        assert (head_rc, worker_rc) == (1, 1), head_err + worker_err
+        failed = _log_time(worker_err, "this node's part failed with exit status")
+        stopped = _log_time(head_err, "this node's part stopped")
+        return stopped - failed
 
 
 def run() -> dict[str, dict]:
@@ -85,8 +121,19 @@ def run() -> dict[str, dict]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
+    try:
+        os.environ.update(env)
+        fail_fast_s = gang_fail_fast_s()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     container_s, code_s = statistics.median(container), statistics.median(code)
     return {
+        "gang_fail_fast_s": {"value": fail_fast_s, "unit": "s", "target": "<= 60"},
         "container_job_overhead_s": {"value": container_s - code_s, "unit": "s", "target": "< 1.5"},
         "container_first_line_s": {"value": container_s, "unit": "s", "target": ""},
         "code_first_line_s": {"value": code_s, "unit": "s", "target": ""},

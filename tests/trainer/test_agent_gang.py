@@ -89,6 +89,10 @@ def test_cli_bad_gang_settings_are_one_line(settings, flags, message, tmp_path):
 
 @pytest.fixture
 def cluster(moto_endpoint, tmp_path):
+    return gang_cluster(tmp_path)
+
+
+def gang_cluster(tmp_path):
     """A job queue, a bucket and a fixed-size group of two InService instances on loopback addresses;
     node.json in gang mode. Returns (sqs, queue url, [(instance id, private ip)] head first, node.json)."""
     sqs = boto3.client("sqs")
