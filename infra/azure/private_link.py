@@ -7,8 +7,8 @@ import pulumi
 from pulumi_azure_native import network, privatedns
 
 
-def private_endpoint(name: str, *, endpoint_name: str, link_name: str, target_id: pulumi.Input[str], group: str, zone: str,
-                     resource_group: pulumi.Input[str], location: str, subnet_id: pulumi.Input[str],
+def private_endpoint(name: str, *, endpoint_name: str, link_name: str, target_id: pulumi.Input[str], group: str,
+                     zone: str, resource_group: pulumi.Input[str], location: str, subnet_id: pulumi.Input[str],
                      vnet_id: pulumi.Input[str], tags: dict, opts: pulumi.ResourceOptions) -> network.PrivateEndpoint:
     """Children ``<name>-endpoint``, ``-dns``, ``-dns-link``, ``-dns-records`` under ``opts``' parent."""
     endpoint = network.PrivateEndpoint(

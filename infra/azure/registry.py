@@ -76,8 +76,8 @@ class Registry(pulumi.ComponentResource):
             opts=child,
         )
         self.endpoint = private_endpoint(
-            name, endpoint_name=f"{args.name}-registry", link_name=f"{args.name}-vnet", target_id=self.registry.id, group=PRIVATE_LINK_GROUP,
-            zone=PRIVATE_DNS_ZONE, resource_group=args.resource_group, location=args.location,
+            name, endpoint_name=f"{args.name}-registry", link_name=f"{args.name}-vnet", target_id=self.registry.id,
+            group=PRIVATE_LINK_GROUP, zone=PRIVATE_DNS_ZONE, resource_group=args.resource_group, location=args.location,
             subnet_id=args.subnet_id, vnet_id=args.vnet_id, tags=args.tags, opts=child)
         self.pull_role = authorization.RoleAssignment(
             f"{name}-acr-pull",
