@@ -11,9 +11,13 @@ the host's Python mounted into it) and a moto server on loopback.
   in a process of its own, median of ROUNDS; jobs_list_cli_s: the whole `gpufleet jobs list --format json`
   command (interpreter start included); jobs_scan_s: the same 1,000 records read one by one in parallel,
   without the index (what a bucket written before the index costs).
+- gang_fail_fast_s: a 2-node gang (two agents, each with its fake IMDS, real 2-node torchrun on CPU) whose node-1
+  rank exits 3 while the head's rank waits (as a rank in a collective with a dead peer does): from node 1's agent
+  seeing its part fail to the head's part stopped, from the agents' log times.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import statistics
 import subprocess
@@ -48,47 +52,36 @@ JOBS = 1000
 def list_figures() -> dict[str, dict]:
     import boto3
 
-    from bench.bench_trainer import moto_server
+    from bench.bench_trainer import moto_aws
     from trainer.jobs.records import RecordStore
     from trainer.jobs.spec import Job
 
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
-    try:
-        with moto_server() as url:
-            os.environ.update(env, AWS_ENDPOINT_URL=url)
-            boto3.client("s3").create_bucket(Bucket="bench-jobs",
-                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-            rs = RecordStore.of_bucket("bench-jobs")
+    with moto_aws():
+        boto3.client("s3").create_bucket(Bucket="bench-jobs",
+                                         CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        rs = RecordStore.of_bucket("bench-jobs")
 
-            def submitted(i: int) -> None:  # a third of them running
-                job_id = f"sweep.lr-{i:04d}"
-                rs.create(Job(job_id, args=("--steps", "100", "--lr", str(i))).to_dict())
-                if i % 3 == 0:
-                    rs.claimed(job_id, {"node": f"i-{i:04x}", "instance_type": "g5.xlarge", "gpus": 1})
+        def submitted(i: int) -> None:  # a third of them running
+            job_id = f"sweep.lr-{i:04d}"
+            rs.create(Job(job_id, args=("--steps", "100", "--lr", str(i))).to_dict())
+            if i % 3 == 0:
+                rs.claimed(job_id, {"node": f"i-{i:04x}", "instance_type": "g5.xlarge", "gpus": 1})
 
-            with ThreadPoolExecutor(4) as pool:
-                list(pool.map(submitted, range(JOBS)))
-            listed, scanned = [], []
-            for _ in range(ROUNDS):
-                started = time.perf_counter()
-                assert len(RecordStore.of_bucket("bench-jobs").all()) == JOBS
-                listed.append(time.perf_counter() - started)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(submitted, range(JOBS)))
+        listed, scanned = [], []
+        for _ in range(ROUNDS):
             started = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "infra.cli", "jobs", "list", "--bucket", "bench-jobs",
-                                   "--format", "json"], cwd=ROOT, capture_output=True, text=True)
-            cli_s = time.perf_counter() - started
-            assert proc.returncode == 0 and proc.stdout.count('"job_id"') == JOBS, proc.stderr[-500:]
-            started = time.perf_counter()
-            assert len(RecordStore.of_bucket("bench-jobs").all(scan=True)) == JOBS
-            scanned.append(time.perf_counter() - started)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            assert len(RecordStore.of_bucket("bench-jobs").all()) == JOBS
+            listed.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "infra.cli", "jobs", "list", "--bucket", "bench-jobs",
+                               "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+        cli_s = time.perf_counter() - started
+        assert proc.returncode == 0 and proc.stdout.count('"job_id"') == JOBS, proc.stderr[-500:]
+        started = time.perf_counter()
+        assert len(RecordStore.of_bucket("bench-jobs").all(scan=True)) == JOBS
+        scanned.append(time.perf_counter() - started)
     return {
         "jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
         "jobs_list_cli_s": {"value": cli_s, "unit": "s", "target": ""},
@@ -96,56 +89,80 @@ def list_figures() -> dict[str, dict]:
     }
 
 
+def _log_time(err: str, text: str) -> float:
+    """The time of the agent's first log line containing ``text`` (`%(asctime)s`: 2026-12-01 12:51:37,251)."""
+    line = next(ln for ln in err.splitlines() if text in ln)
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def gang_fail_fast_s() -> float:
+    from bench.bench_trainer import moto_aws
+    from infra.demo.imds import FakeImds
+    from tests.conftest import free_port
+    from tests.trainer.aws import send
+    from tests.trainer.gated import DIE, GATE, TRAIN
+    from tests.trainer.test_agent_gang import finish, gang_cluster, start_agent
+
+    with moto_aws(), tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        sqs, queue, ((head_id, head_ip), (worker_id, worker_ip)), node_json = gang_cluster(work)
+        send(sqs, queue, "bench-gang", [*TRAIN, "--steps", "1000"])
+        flags = ["--rdzv-port", str(free_port()), "--gang-timeout", "60"]
+        env = {GATE: f"{work / 'never'}:1", DIE: "1:1:3"}
+        with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+                FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+            worker = start_agent(node_json, worker_imds, work / "w", *flags, env=env)
+            head = start_agent(node_json, head_imds, work / "h", *flags, env=env)
+            (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
+        assert (head_rc, worker_rc) == (1, 1), head_err + worker_err
+        failed = _log_time(worker_err, "this node's part failed with exit status")
+        stopped = _log_time(head_err, "this node's part stopped")
+        return stopped - failed
+
+
 def run() -> dict[str, dict]:
     import boto3
 
-    from bench.bench_trainer import moto_server
+    from bench.bench_trainer import moto_aws, patched_environ
     from tests.trainer.dockerd import EXAMPLE_IMAGE, host_python_flags, running_dockerd
     from trainer.jobs import bundle
     from trainer.jobs.spec import Job
     from trainer.node.agent import Agent
 
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1",
-           "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL", "DOCKER_HOST"]}
-    try:
-        with moto_server() as url, running_dockerd() as docker, tempfile.TemporaryDirectory() as tmp:
-            os.environ.update(env, AWS_ENDPOINT_URL=url, DOCKER_HOST=docker.host)
-            boto3.client("s3").create_bucket(Bucket="bench",
-                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-            work = Path(tmp)
-            big = work / "big"
-            big.mkdir()
-            for i in range(50):
-                (big / f"part-{i:02d}.bin").write_bytes(os.urandom(MB))
-            started = time.perf_counter()
-            uri, sent = bundle.upload(bundle.pack(big), "bench")
-            upload_s = time.perf_counter() - started
-            started = time.perf_counter()
-            again, sent_again = bundle.upload(bundle.pack(big), "bench")
-            resubmit_s = time.perf_counter() - started
-            assert sent and not sent_again and again == uri
+    with moto_aws(), running_dockerd() as docker, tempfile.TemporaryDirectory() as tmp, \
+            patched_environ(DOCKER_HOST=docker.host):
+        boto3.client("s3").create_bucket(Bucket="bench",
+                                         CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        work = Path(tmp)
+        big = work / "big"
+        big.mkdir()
+        for i in range(50):
+            (big / f"part-{i:02d}.bin").write_bytes(os.urandom(MB))
+        started = time.perf_counter()
+        uri, sent = bundle.upload(bundle.pack(big), "bench")
+        upload_s = time.perf_counter() - started
+        started = time.perf_counter()
+        again, sent_again = bundle.upload(bundle.pack(big), "bench")
+        resubmit_s = time.perf_counter() - started
+        assert sent and not sent_again and again == uri
 
-            small = work / "small"
-            small.mkdir()
-            (small / "main.py").write_text(FIRST_LINE + "\n")
-            code_uri, _ = bundle.upload(bundle.pack(small), "bench")
-            agent = Agent(None, "bench", {}, work / "agent", nproc=0, container_extra=host_python_flags(),
-                          job_stdout=subprocess.PIPE)
-            image_job = Job("bench-image", "image", image=EXAMPLE_IMAGE, command=("python", "-c", FIRST_LINE))
-            code_job = Job("bench-code", "code", code=code_uri, command=("python", "main.py"))
-            container, code = [], []
-            for i in range(ROUNDS):
-                for job, into in ((image_job, container), (code_job, code))[:: 1 if i % 2 == 0 else -1]:
-                    into.append(first_line_s(agent, job))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        small = work / "small"
+        small.mkdir()
+        (small / "main.py").write_text(FIRST_LINE + "\n")
+        code_uri, _ = bundle.upload(bundle.pack(small), "bench")
+        agent = Agent(None, "bench", {}, work / "agent", nproc=0, container_extra=host_python_flags(),
+                      job_stdout=subprocess.PIPE)
+        image_job = Job("bench-image", "image", image=EXAMPLE_IMAGE, command=("python", "-c", FIRST_LINE))
+        code_job = Job("bench-code", "code", code=code_uri, command=("python", "main.py"))
+        container, code = [], []
+        for i in range(ROUNDS):
+            for job, into in ((image_job, container), (code_job, code))[:: 1 if i % 2 == 0 else -1]:
+                into.append(first_line_s(agent, job))
+    fail_fast_s = gang_fail_fast_s()
     container_s, code_s = statistics.median(container), statistics.median(code)
-    return {**list_figures(),
+    return {
+        **list_figures(),
+        "gang_fail_fast_s": {"value": fail_fast_s, "unit": "s", "target": "<= 60"},
         "container_job_overhead_s": {"value": container_s - code_s, "unit": "s", "target": "< 1.5"},
         "container_first_line_s": {"value": container_s, "unit": "s", "target": ""},
         "code_first_line_s": {"value": code_s, "unit": "s", "target": ""},

@@ -229,6 +229,32 @@ def moto_server():
         proc.wait(10)
 
 
+BENCH_AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1",
+             "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@contextlib.contextmanager
+def patched_environ(**values: str):
+    """os.environ with ``values`` set while the block runs, as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def moto_aws():
+    """A moto server, and the bench's credentials and its endpoint in os.environ; yields its URL."""
+    with moto_server() as url, patched_environ(**BENCH_AWS, AWS_ENDPOINT_URL=url):
+        yield url
+
+
 def checkpoint_state() -> dict[str, object]:
     """A real checkpoint's content: gpt-base weights and AdamW state after one step (about 130 MB)."""
     torch.manual_seed(0)
@@ -243,45 +269,35 @@ def checkpoint_state() -> dict[str, object]:
 def s3_ratios() -> tuple[float, float]:
     import boto3
 
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
     state = checkpoint_state()
-    try:
-        with moto_server() as url:
-            os.environ.update(env, AWS_ENDPOINT_URL=url)
-            s3 = boto3.client("s3")
-            s3.create_bucket(Bucket="bench", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-            checkpoints = Checkpointer(open_store("s3://bench/ours"), keep=1)
-            blobs = {name: to_bytes(obj) for name, obj in state.items()}
-            raw_save, raw_load, save, load = [], [], [], []
-            for step in range(1, S3_REPEATS + 1):
-                started = time.perf_counter()
-                for name, data in blobs.items():
-                    s3.upload_fileobj(io.BytesIO(data), "bench", f"raw/{name}")
-                raw_save.append(time.perf_counter() - started)
+    with moto_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="bench", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        checkpoints = Checkpointer(open_store("s3://bench/ours"), keep=1)
+        blobs = {name: to_bytes(obj) for name, obj in state.items()}
+        raw_save, raw_load, save, load = [], [], [], []
+        for step in range(1, S3_REPEATS + 1):
+            started = time.perf_counter()
+            for name, data in blobs.items():
+                s3.upload_fileobj(io.BytesIO(data), "bench", f"raw/{name}")
+            raw_save.append(time.perf_counter() - started)
 
-                started = time.perf_counter()
-                checkpoints.save(step, state)
-                save.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            checkpoints.save(step, state)
+            save.append(time.perf_counter() - started)
 
-                started = time.perf_counter()
-                for name in blobs:
-                    s3.download_fileobj("bench", f"raw/{name}", io.BytesIO())
-                raw_load.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            for name in blobs:
+                s3.download_fileobj("bench", f"raw/{name}", io.BytesIO())
+            raw_load.append(time.perf_counter() - started)
 
-                started = time.perf_counter()
-                _, parts = checkpoints.load_latest()
-                loaded = {name: from_bytes(data) for name, data in parts.items()}
-                load.append(time.perf_counter() - started)
-                assert torch.equal(loaded["model.pt"]["tok.weight"], state["model.pt"]["tok.weight"])
-            return (statistics.median(r / o for r, o in zip(raw_save, save)),
-                    statistics.median(r / o for r, o in zip(raw_load, load)))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            started = time.perf_counter()
+            _, parts = checkpoints.load_latest()
+            loaded = {name: from_bytes(data) for name, data in parts.items()}
+            load.append(time.perf_counter() - started)
+            assert torch.equal(loaded["model.pt"]["tok.weight"], state["model.pt"]["tok.weight"])
+        return (statistics.median(r / o for r, o in zip(raw_save, save)),
+                statistics.median(r / o for r, o in zip(raw_load, load)))
 
 
 def s3_dcp_candidates() -> list[float]:
@@ -291,38 +307,28 @@ def s3_dcp_candidates() -> list[float]:
 
     from trainer.loop.sharded import StoreReader, StoreWriter
 
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "eu-west-1"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
     state = checkpoint_state()
-    try:
-        with moto_server() as url:
-            os.environ.update(env, AWS_ENDPOINT_URL=url)
-            boto3.client("s3").create_bucket(Bucket="bench",
-                                             CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-            store = open_store("s3://bench/dcp")
-            rounds = iter(range(1000))
+    with moto_aws():
+        boto3.client("s3").create_bucket(Bucket="bench",
+                                         CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        store = open_store("s3://bench/dcp")
+        rounds = iter(range(1000))
 
-            def through(writer, reader) -> float:
-                started = time.perf_counter()
-                dcp.save(state, storage_writer=writer, no_dist=True)
-                dcp.load(state, storage_reader=reader, no_dist=True)
-                return time.perf_counter() - started
+        def through(writer, reader) -> float:
+            started = time.perf_counter()
+            dcp.save(state, storage_writer=writer, no_dist=True)
+            dcp.load(state, storage_reader=reader, no_dist=True)
+            return time.perf_counter() - started
 
-            def crt() -> float:
-                key = f"crt-{next(rounds)}"
-                return through(store.dcp_writer(key), store.dcp_reader(key))
+        def crt() -> float:
+            key = f"crt-{next(rounds)}"
+            return through(store.dcp_writer(key), store.dcp_reader(key))
 
-            def boto() -> float:
-                key = f"boto-{next(rounds)}"
-                return through(StoreWriter(store, key), StoreReader(store, key))
+        def boto() -> float:
+            key = f"boto-{next(rounds)}"
+            return through(StoreWriter(store, key), StoreReader(store, key))
 
-            return interleaved(crt, boto, S3_REPEATS)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        return interleaved(crt, boto, S3_REPEATS)
 
 
 def run() -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""Azure guardrails: storage accounts, InfiniBand scale sets, network security groups.
+"""Azure guardrails: storage accounts, InfiniBand scale sets, network security groups, Key Vaults.
 
 (Named azure_rules, not azure: the policy host puts policies/ on sys.path, where `azure.py` would
 shadow the Azure SDK's `azure` namespace package.)
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from infra.catalog import CATALOG
 from policies.common import UNKNOWN, Stack, flag, get, items, number, resource_policy, stack_policy
-from policies.tokens import AZ_AUTOSCALE, AZ_CONTAINER, AZ_NSG, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VMSS
+from policies.tokens import AZ_AUTOSCALE, AZ_CONTAINER, AZ_KEY_VAULT, AZ_NSG, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VMSS
 
 INTERNET = ("*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0")
 TLS_OK = ("TLS1_2", "TLS1_3")
@@ -47,6 +47,27 @@ def check_restricted_network(props: dict, ctx):
     if UNKNOWN in (default_action, public) or public == "Disabled" or default_action == "Deny":
         return
     yield f"network default action is {default_action or 'Allow (unset)'} and publicNetworkAccess is {public or 'unset'}"
+
+
+def check_vault_rbac_purge_protected(props: dict, ctx):
+    vault = props.get("properties")
+    if vault is UNKNOWN:
+        return
+    if flag(get(vault, "enableRbacAuthorization")) not in (True, UNKNOWN):
+        yield "properties.enableRbacAuthorization is not true: access policies, not Azure RBAC, decide who reads"
+    if flag(get(vault, "enablePurgeProtection")) not in (True, UNKNOWN):
+        yield "properties.enablePurgeProtection is not true: a deleted secret or vault can be purged at once"
+    if flag(get(vault, "enableSoftDelete")) is False:
+        yield "properties.enableSoftDelete is false"
+
+
+def check_vault_no_public_access(props: dict, ctx):
+    public = get(props, "properties", "publicNetworkAccess")
+    default_action = get(props, "properties", "networkAcls", "defaultAction")
+    if UNKNOWN in (public, default_action) or public == "Disabled" or default_action == "Deny":
+        return
+    yield (f"properties.publicNetworkAccess is {public or 'Enabled (unset)'} and networkAcls.defaultAction is "
+           f"{default_action or 'Allow (unset)'}")
 
 
 def infiniband(vmss_props: dict) -> bool:
@@ -159,4 +180,15 @@ POLICIES = [
         "azure-network-nsg-no-internet-inbound", "Network security groups allow nothing inbound from the internet.",
         types=[AZ_NSG, AZ_SECURITY_RULE], severity="critical", frameworks=["CIS"], check=check_nsg_inbound,
         remediation="Restrict sourceAddressPrefix to VirtualNetwork or a known range; use Azure Bastion for SSH."),
+    resource_policy(
+        "azure-keyvault-vault-rbac-purge-protected",
+        "Key Vaults authorize with Azure RBAC and keep deleted secrets (soft delete, purge protection).",
+        types=[AZ_KEY_VAULT], severity="high", frameworks=["CIS", "HIPAA"], check=check_vault_rbac_purge_protected,
+        remediation="Set properties.enableRbacAuthorization, enableSoftDelete and enablePurgeProtection true and "
+                    "grant readers 'Key Vault Secrets User' on the vault."),
+    resource_policy(
+        "azure-keyvault-vault-no-public-access", "Key Vaults deny the public network (disabled or deny by default).",
+        types=[AZ_KEY_VAULT], severity="high", frameworks=["CIS", "GDPR"], check=check_vault_no_public_access,
+        remediation="Set properties.publicNetworkAccess 'Disabled' and reach the vault through a private endpoint "
+                    "with the privatelink.vaultcore.azure.net zone."),
 ]

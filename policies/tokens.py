@@ -59,6 +59,7 @@ AZ_VMSS = "azure-native:compute:VirtualMachineScaleSet"
 AZ_NSG = "azure-native:network:NetworkSecurityGroup"
 AZ_SECURITY_RULE = "azure-native:network:SecurityRule"
 AZ_AUTOSCALE = "azure-native:monitor:AutoscaleSetting"
+AZ_KEY_VAULT = "azure-native:keyvault:Vault"
 
 # tencentcloud-iac-pulumi 0.2
 TC_VPC = "tencentcloud:Vpc/instance:Instance"

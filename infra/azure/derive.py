@@ -121,8 +121,10 @@ def queue_rules(metric_uri: str) -> list[dict]:
 
 
 def node_settings(cfg: StackConfig, *, container_url: str, queue_url: str, scale_set: str,
-                  client_id: str, resource_group: str, subscription_id: str, registry: Optional[str] = None) -> dict:
-    """The /etc/gpufleet/node.json document of an Azure node (contracts.md); `registry` is the login server."""
+                  client_id: str, resource_group: str, subscription_id: str, registry: Optional[str] = None,
+                  key_vault: Optional[str] = None) -> dict:
+    """The /etc/gpufleet/node.json document of an Azure node (contracts.md); `registry` is the login server,
+    `key_vault` the name of the stack's Key Vault (the secrets jobs name in their env)."""
     size = cfg.primary
     return {
         "cloud": "azure",
@@ -141,6 +143,7 @@ def node_settings(cfg: StackConfig, *, container_url: str, queue_url: str, scale
         },
         "launch_hook": None,
         "terminate_hook": None,
-        "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id},
+        "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id,
+                  "key_vault": key_vault},
         "registry": registry,
     }

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
-from pulumi_azure_native import authorization, containerregistry, network, privatedns
+from pulumi_azure_native import authorization, containerregistry
 
 from infra.azure import derive
+from infra.azure.private_link import private_endpoint
 
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"     # built-in role: pull images
 PRIVATE_DNS_ZONE = "privatelink.azurecr.io"
@@ -74,46 +75,10 @@ class Registry(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-        endpoint_name = f"{args.name}-registry"
-        self.endpoint = network.PrivateEndpoint(
-            f"{name}-endpoint",
-            private_endpoint_name=endpoint_name,
-            resource_group_name=args.resource_group,
-            location=args.location,
-            subnet={"id": args.subnet_id},
-            private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
-                name=PRIVATE_LINK_GROUP, private_link_service_id=self.registry.id, group_ids=[PRIVATE_LINK_GROUP])],
-            tags=args.tags,
-            opts=child,
-        )
-        self.zone = privatedns.PrivateZone(
-            f"{name}-dns",
-            private_zone_name=PRIVATE_DNS_ZONE,
-            resource_group_name=args.resource_group,
-            location="global",              # private DNS zones are global resources
-            tags=args.tags,
-            opts=child,
-        )
-        privatedns.VirtualNetworkLink(
-            f"{name}-dns-link",
-            virtual_network_link_name=f"{args.name}-vnet",
-            private_zone_name=self.zone.name,
-            resource_group_name=args.resource_group,
-            location="global",
-            virtual_network=privatedns.SubResourceArgs(id=args.vnet_id),
-            registration_enabled=False,
-            tags=args.tags,
-            opts=child,
-        )
-        network.PrivateDnsZoneGroup(
-            f"{name}-dns-records",
-            private_dns_zone_group_name=PRIVATE_LINK_GROUP,
-            private_endpoint_name=self.endpoint.name,
-            resource_group_name=args.resource_group,
-            private_dns_zone_configs=[network.PrivateDnsZoneConfigArgs(
-                name=PRIVATE_DNS_ZONE.replace(".", "-"), private_dns_zone_id=self.zone.id)],
-            opts=child,
-        )
+        self.endpoint = private_endpoint(
+            name, endpoint_name=f"{args.name}-registry", link_name=f"{args.name}-vnet", target_id=self.registry.id,
+            group=PRIVATE_LINK_GROUP, zone=PRIVATE_DNS_ZONE, resource_group=args.resource_group, location=args.location,
+            subnet_id=args.subnet_id, vnet_id=args.vnet_id, tags=args.tags, opts=child)
         self.pull_role = authorization.RoleAssignment(
             f"{name}-acr-pull",
             principal_id=args.principal_id,

@@ -15,6 +15,7 @@ from infra.azure.network import Network, NetworkArgs
 from infra.azure.queue import JobQueue, JobQueueArgs
 from infra.azure.registry import Registry, RegistryArgs, registry_name
 from infra.azure.storage import Storage, StorageArgs
+from infra.azure.vault import Vault, VaultArgs, vault_name
 from infra.config import StackConfig
 
 
@@ -46,19 +47,24 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=client.subscription_id,
         principal_id=ident.principal_id, tags=tags))
 
+    secrets = Vault("vault", VaultArgs(
+        name=vault_name(cfg.stack, location), resource_group=group.group_name, location=location,
+        tenant_id=client.tenant_id, subnet_id=net.subnet_id, vnet_id=net.vnet.id,
+        subscription_id=client.subscription_id, principal_id=ident.principal_id, tags=tags))
+
     scale_set_name = f"{name}-nodes"
     custom_data = pulumi.Output.all(store.container_url, jobs.queue_url, ident.client_id, group.group_name,
-                                    client.subscription_id, images.login_server).apply(
+                                    client.subscription_id, images.login_server, secrets.vault_name).apply(
         lambda v: _custom_data(derive.node_settings(
             cfg, container_url=v[0], queue_url=v[1], scale_set=scale_set_name, client_id=v[2],
-            resource_group=v[3], subscription_id=v[4], registry=v[5])))
+            resource_group=v[3], subscription_id=v[4], registry=v[5], key_vault=v[6])))
     queue_mode = cfg.mode == "queue"
     vmss = ScaleSet("compute", ScaleSetArgs(
         name=scale_set_name, resource_group=group.group_name, location=location, size=cfg.primary.name,
         capacity=cfg.nodes.desired, spot=cfg.spot, subnet_id=net.subnet_id, identity_id=ident.id,
         ssh_public_key=cfg.ssh_public_key, image=derive.image(cfg.image), custom_data=custom_data,
         accelerated_networking=cfg.primary.name in derive.ACCELERATED_NETWORKING, tags=tags,
-        autoscaled=queue_mode, wait_for=(*ident.role_assignments, images.pull_role)))
+        autoscaled=queue_mode, wait_for=(*ident.role_assignments, images.pull_role, secrets.read_role)))
     outputs: dict[str, pulumi.Input] = {
         "resourceGroup": group.group_name,
         "location": location,
@@ -73,6 +79,7 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "identityClientId": ident.client_id,
         "identityPrincipalId": ident.principal_id,
         "registry": images.login_server,
+        "keyVault": secrets.vault_name,
     }
     if queue_mode:
         scaler = Autoscale("autoscale", AutoscaleArgs(

@@ -9,7 +9,8 @@ Azure, CNY on Tencent Cloud; ``currency`` names it), for ``nodes.min``, ``nodes.
   listed types (price-capacity-optimized favours the cheapest pools with capacity: the low end).
 - ``monthly_usd``: the column the stack's ``spot`` setting selects, plus fixed items billed whatever
   the node count (AWS: KMS key, dashboard, VPC interface endpoints per AZ, ECR's among them; Azure: the
-  Premium container registry with its private endpoint and private DNS zone; Tencent: the KMS key), each with
+  Premium container registry and the Key Vault, each with its private endpoint and private DNS zone (a
+  standard vault bills per operation only); Tencent: the KMS key), each with
   its unit price.
 - Amounts keep their ``_usd`` key names whatever ``currency`` is, so that a preview diffs against one
   written before other currencies existed; a Tencent stack's amounts are CNY.
@@ -86,7 +87,9 @@ def fixed_items(cfg: StackConfig) -> list[dict]:
     if cfg.cloud == "azure":
         items = [("Container Registry, Premium tier", 1, ACR_PREMIUM_DAY * HOURS_PER_MONTH / 24),
                  ("private endpoint (registry)", 1, PRIVATE_ENDPOINT_HOUR * HOURS_PER_MONTH),
-                 ("private DNS zone (privatelink.azurecr.io)", 1, PRIVATE_DNS_ZONE_MONTH)]
+                 ("private DNS zone (privatelink.azurecr.io)", 1, PRIVATE_DNS_ZONE_MONTH),
+                 ("private endpoint (Key Vault)", 1, PRIVATE_ENDPOINT_HOUR * HOURS_PER_MONTH),
+                 ("private DNS zone (privatelink.vaultcore.azure.net)", 1, PRIVATE_DNS_ZONE_MONTH)]
         return _rows(items)
     items = [("KMS customer managed key", 1, KMS_KEY_MONTH), ("CloudWatch dashboard", 1, DASHBOARD_MONTH)]
     if cfg.network is None:  # the stack's own VPC: interface endpoints instead of a NAT gateway

@@ -123,6 +123,7 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
                                                     "platformFaultDomainCount", "virtualMachineProfile.priority"),
     "azure-native:monitor:AutoscaleSetting": ("autoscaleSettingName",),
     "azure-native:containerregistry:Registry": ("registryName",),
+    "azure-native:keyvault:Vault": ("vaultName",),
     "azure-native:network:PrivateEndpoint": ("privateEndpointName", "subnet"),
     "azure-native:network:PrivateDnsZoneGroup": ("privateDnsZoneGroupName", "privateEndpointName"),
     "azure-native:privatedns:PrivateZone": ("privateZoneName",),

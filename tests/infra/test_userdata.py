@@ -102,6 +102,13 @@ def test_bad_or_secret_settings_are_refused(change, message):
     assert message in str(err.value)
 
 
+def test_the_key_vault_is_a_name_or_null():
+    assert "gfazure-0a1b2c3d" in render_user_data({**AZURE_NODE, "azure": {**AZURE_NODE["azure"],
+                                                                           "key_vault": "gfazure-0a1b2c3d"}})
+    with pytest.raises(ValueError, match="node.azure.key_vault: expected a Key Vault name or null, got a list"):
+        render_user_data({**AZURE_NODE, "azure": {**AZURE_NODE["azure"], "key_vault": ["kv"]}})
+
+
 def test_missing_settings_are_named():
     node = {k: v for k, v in AWS_NODE.items() if k not in ("bucket", "queue_url")}
     with pytest.raises(ValueError, match="missing bucket, queue_url"):

@@ -291,6 +291,15 @@ def aws_queue(stack: str = "dev", classification: str = "internal") -> Stack:
     return s
 
 
+def vault_properties(**overrides) -> dict:
+    """A Key Vault as the stack makes it: RBAC, soft delete, purge protection, no public network access."""
+    values = {"tenantId": "00000000-0000-4000-8000-000000000001", "sku": {"family": "A", "name": "standard"},
+              "enableRbacAuthorization": True, "enableSoftDelete": True, "softDeleteRetentionInDays": 90,
+              "enablePurgeProtection": True, "publicNetworkAccess": "Disabled",
+              "networkAcls": {"defaultAction": "Deny", "bypass": "None"}}
+    return {k: v for k, v in {**values, **overrides}.items() if v is not None}
+
+
 def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack:
     """An InfiniBand scale set behind an autoscale setting that reaches zero, with locked-down storage."""
     s = Stack(stack)
@@ -334,6 +343,9 @@ def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack
         "resourceGroupName": "gpufleet-azure-rg", "registryName": "gpufleetazure0a1b2c3d", "sku": {"name": "Premium"},
         "adminUserEnabled": False, "anonymousPullEnabled": False, "publicNetworkAccess": "Disabled",
         "networkRuleBypassOptions": "None", "tags": t}, deps={"resourceGroupName": [rg]})
+    s.add("azure-native:keyvault:Vault", "vault", {
+        "resourceGroupName": "gpufleet-azure-rg", "vaultName": "gfazure-0a1b2c3d", "tags": t,
+        "properties": vault_properties()}, deps={"resourceGroupName": [rg]})
     s.add("azure-native:monitor:AutoscaleSetting", "nodes-autoscale", {
         "resourceGroupName": "gpufleet-azure-rg", "enabled": True, "targetResourceUri": "/subscriptions/x/vmss/nodes",
         "profiles": [{"name": "queue", "capacity": {"minimum": "0", "maximum": "4", "default": "0"}, "rules": []}],

@@ -95,6 +95,10 @@ def acr(**overrides) -> dict:
     return {**values, **overrides}
 
 
+def vault(**properties) -> dict:
+    return {"resourceGroupName": "rg", "properties": f.vault_properties(**properties), "tags": tags("azure")}
+
+
 def cos(**overrides) -> dict:
     values = {"bucket": "gpufleet-tencent-data-1250000000", "acl": "private", "encryptionAlgorithm": "KMS",
               "kmsId": "6b42dc33-a065-4ef2-854b-20cd8c4aa87f", "versioningEnable": True, "logEnable": True,
@@ -124,6 +128,7 @@ def _cam(*statements: dict) -> str:
 BUCKET = "aws:s3/bucket:Bucket"
 ECR = "aws:ecr/repository:Repository"
 ACR = "azure-native:containerregistry:Registry"
+VAULT = "azure-native:keyvault:Vault"
 BUCKET_MISSING_ALL = frozenset({"aws-s3-bucket-sse-kms", "aws-s3-bucket-versioning", "aws-s3-bucket-public-access-block",
                                 "aws-s3-bucket-tls-only", "aws-s3-bucket-access-logging"})
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -300,6 +305,10 @@ ALONE = [
           one("azure-containerregistry-registry-admin-disabled")),
     Alone("azure-containerregistry-registry-no-public-access", "azure", ACR, acr(publicNetworkAccess="Enabled"),
           one("azure-containerregistry-registry-no-public-access")),
+    Alone("azure-keyvault-vault-rbac-purge-protected", "azure", VAULT,
+          vault(enableRbacAuthorization=False), one("azure-keyvault-vault-rbac-purge-protected")),
+    Alone("azure-keyvault-vault-no-public-access", "azure", VAULT, vault(publicNetworkAccess=None, networkAcls=None),
+          one("azure-keyvault-vault-no-public-access")),
     Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY}, one("aws-any-resource-cost-tags")),
     Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
           one("azure-any-resource-cost-tags")),

@@ -369,6 +369,18 @@ CASES = [
     Case("acr-anonymous-pull", "azure", edit("registry", anonymousPullEnabled=True),
          ("azure-containerregistry-registry-no-public-access",), on="registry"),
     Case("acr-network-unknown", "azure", edit("registry", publicNetworkAccess=f.UNKNOWN)),
+    Case("vault-access-policies", "azure", edit("vault", properties=f.vault_properties(enableRbacAuthorization=False)),
+         ("azure-keyvault-vault-rbac-purge-protected",), on="vault"),
+    Case("vault-purge-protection-unset", "azure",
+         edit("vault", properties=f.vault_properties(enablePurgeProtection=None)),
+         ("azure-keyvault-vault-rbac-purge-protected",), on="vault"),
+    Case("vault-public-network", "azure", edit("vault", properties=f.vault_properties(
+        publicNetworkAccess="Enabled", networkAcls={"defaultAction": "Allow"})),
+         ("azure-keyvault-vault-no-public-access",), on="vault"),
+    Case("vault-public-but-deny-by-default", "azure", edit("vault", properties=f.vault_properties(
+        publicNetworkAccess="Enabled"))),
+    Case("vault-network-unknown", "azure", edit("vault", properties=f.vault_properties(
+        publicNetworkAccess=f.UNKNOWN, networkAcls=f.UNKNOWN))),
     # --- Azure ------------------------------------------------------------------------------------
     Case("az-http", "azure", edit(AZ_SA, enableHttpsTrafficOnly=False), ("azure-storage-account-https-only",),
          on=AZ_SA),

@@ -192,6 +192,29 @@ def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secret
     assert counts(sqs, url) == (0, 0)
 
 
+def test_key_vault_secrets_reach_a_job_and_an_unreadable_one_fails_only_that_job(queue_and_bucket, tmp_path, caplog):
+    """On an Azure node (the fakes of tests/trainer/fake_azure_identity.py), through the agent: a job whose secret
+    is missing fails with one line naming it; the agent goes on and runs the next job with its secret."""
+    from tests.trainer.test_registry import azure_platform
+    from tests.trainer.fake_azure_identity import FakeAzureIdentity
+
+    sqs, url = queue_and_bucket
+    dump = tmp_path / "env.json"
+    main = f"import json, os\njson.dump(dict(os.environ), open({str(dump)!r}, 'w'))\n"
+    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "kv-1", main, env={"HF_TOKEN": {"keyvault": "nope"}}))
+    with FakeAzureIdentity() as fake:
+        fake.secrets["hf-token"] = "hf_abc"
+        a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, platform=azure_platform(fake))
+        assert a.serve(once=True) == 1
+        sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "kv-2", main,
+                                                            env={"HF_TOKEN": {"keyvault": "hf-token"}}))
+        assert a.serve(once=True) == 0
+    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert line == ("job kv-1: cannot start: env: keyvault:nope: HTTP 404: no secret 'nope' in Key Vault gpufleet-kv; "
+                    "create it there (az keyvault secret set)")
+    assert json.loads(dump.read_text())["HF_TOKEN"] == "hf_abc"
+
+
 def test_a_job_past_its_timeout_is_stopped_and_fails(queue_and_bucket, tmp_path, caplog):
     sqs, url = queue_and_bucket
     sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "slow", "import time\ntime.sleep(600)\n", timeout=1))

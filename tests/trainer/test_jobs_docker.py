@@ -2,11 +2,13 @@
 server and the fake IMDS: the example script (examples/train.py, in the image examples/Dockerfile builds) is
 preempted by a spot notice, checkpoints, exits 75, is requeued and finished by a second agent with every step
 done once; the same for a code bundle; a 2-node gang of containers finds its head through the environment; a
-cancel stops a container that ignores SIGTERM within its grace."""
+cancel stops a container that ignores SIGTERM within its grace; a job's image is pulled from a private registry
+(a fake on loopback, basic auth) with the node's login in the job's own docker config."""
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -19,7 +21,8 @@ import pytest
 
 from tests.conftest import free_port
 from tests.trainer.aws import LifecycleStubbed, counts, make_group
-from tests.trainer.dockerd import EXAMPLE_IMAGE, ROOT, dockerd, host_python_flags  # noqa: F401 (fixture)
+from tests.trainer.dockerd import EXAMPLE_IMAGE, ROOT, dockerd, host_python_flags, sandbox_flags  # noqa: F401 (fixture)
+from tests.trainer.fake_registry import FakeRegistry
 from infra.demo.imds import FakeImds
 from tests.trainer.gated import steps, wait_for
 from tests.trainer.test_agent_gang import cluster, protected  # noqa: F401 (fixture)
@@ -27,6 +30,8 @@ from trainer.clouds.aws import Imds, NodePlatform, SqsJobQueue
 from trainer.jobs import api
 from trainer.node.agent import Agent, GangAgent
 from trainer.node.emf import Emitter
+from trainer.node.platform import Platform
+from trainer.node.registry import RegistryLogin, image_host
 from trainer.node.rendezvous import Board
 
 STEPS = 30
@@ -174,3 +179,47 @@ def test_a_cancel_stops_a_container_within_its_grace(aws, docker, tmp_path, capl
     assert (tmp_path / "a" / "jobs" / "stubborn" / "control" / "stop").exists()
     assert docker.docker("ps", "-aq").stdout.strip() == ""  # stopped and removed
     assert counts(sqs, url) == (1, 0)
+
+
+class RegistryPlatform(Platform):
+    """A node whose identity logs in to the fake registry (as ECR's or ACR's platform does to theirs)."""
+
+    def __init__(self, login: RegistryLogin | None):
+        self.login, self.asked = login, []
+
+    def registry_login(self, image: str):
+        self.asked.append(image)
+        return self.login if self.login and image_host(image) == self.login.host else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("logged_in", [True, False])
+def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logged_in, aws, docker, tmp_path,
+                                                                          caplog):
+    """The agent writes the platform's login into the job's private docker config (DOCKER_CONFIG) and the
+    daemon pulls with it; without a login the registry refuses the pull and the job fails."""
+    sqs, url = aws
+    caplog.set_level(logging.INFO, logger="gpufleet")
+    with FakeRegistry("AWS", "node-token") as registry:
+        submit("--queue-url", url, "--image", registry.image, "--job-id", f"reg-{logged_in}", "--",
+               "/bin/sh", "-c", "echo pulled > /gpufleet/ran")
+        platform = RegistryPlatform(RegistryLogin(registry.host, "AWS", "node-token", 2e9) if logged_in else None)
+        agent = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, emitter=quiet(),
+                      platform=platform, container_extra=sandbox_flags())
+        rc = agent.serve(once=True)
+    job_dir = tmp_path / "a" / "jobs" / f"reg-{logged_in}"
+    assert platform.asked == [registry.image]
+    manifest_auths = {auth for method, path, auth in registry.seen if "/manifests/" in path}
+    if logged_in:
+        assert rc == 0, caplog.text
+        assert (job_dir / "control" / "ran").read_text() == "pulled\n"  # the image came from the registry and ran
+        assert manifest_auths == {registry.auth}  # the daemon sent the node's login for that host
+        assert f"registry {registry.host}: logged in with the node's identity (DOCKER_CONFIG={job_dir}/docker)" \
+            in caplog.text
+        assert not (job_dir / "docker").exists()  # the login does not outlive the container
+        assert docker.docker("image", "inspect", registry.image, check=False).returncode == 0
+    else:
+        assert rc == 1
+        assert not (job_dir / "control" / "ran").exists()
+        assert registry.auth not in {auth for _, _, auth in registry.seen}
+        assert "job reg-False: failed with exit status 125" in caplog.text  # docker: the pull was refused

@@ -7,6 +7,7 @@ own configuration (``AWS_ENDPOINT_URL`` points them at any compatible endpoint).
 """
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -441,8 +442,11 @@ class NodePlatform(Platform):
     name = "aws"
 
     def __init__(self, node: dict, imds: Imds | None = None, autoscaling=None, ec2=None, s3=None):
+        from trainer.node.registry import LoginCache
+
         self.node, self.imds = node, imds or Imds()
         self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3, "ssm": None}
+        self._logins = LoginCache()
         self.instance_id = self.asg = None
         for attempt in range(METADATA_TRIES):  # node.json names AWS: a slow answer (boot, load) is not "off EC2"
             try:
@@ -535,6 +539,26 @@ class NodePlatform(Platform):
         if source != "ssm":
             return super().secret(source, name)
         return self.client("ssm").get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+
+    def registry_login(self, image: str):
+        """ECR credentials through the instance role (GetAuthorizationToken, valid 12 hours, cached) for an image
+        on an ECR registry `<account>.dkr.ecr.<region>.amazonaws.com`: the stack's repository and its pull-through
+        caches. The token opens every registry the role may pull from, so any account's host takes the same."""
+        from trainer.node.registry import RegistryLogin, ecr_region, image_host
+
+        host = image_host(image)
+        region = ecr_region(host)
+        if region is None:
+            return None
+
+        def fetch() -> RegistryLogin:
+            import boto3
+
+            data = boto3.client("ecr", region_name=region).get_authorization_token()["authorizationData"][0]
+            user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+            return RegistryLogin(host, user, password, data["expiresAt"].timestamp())
+
+        return self._logins.get(host, fetch)
 
     def form_gang(self, nnodes: int, timeout_s: float):
         """The gang of the group's first ``nnodes`` InService instances (head: lowest private IP)."""

@@ -1,4 +1,5 @@
-"""Azure: Blob checkpoint store, Storage-queue job queue, Scheduled Events stop notices, node platform.
+"""Azure: Blob checkpoint store, Storage-queue job queue, Scheduled Events stop notices, node platform (Key
+Vault secrets and registry logins through the node's managed identity).
 
 Credentials and endpoints come from the standard variables only:
 - ``AZURE_STORAGE_CONNECTION_STRING`` (the SDKs' and CLI's own): when it names the same account as the
@@ -37,6 +38,7 @@ import os
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from urllib.parse import urlparse
 
@@ -427,14 +429,144 @@ def open_queue(url: str, region: str | None = None) -> AzureJobQueue:
 
 # --- Node platform: the scale set ------------------------------------------------------------------
 
+IDENTITY_TOKEN = "/metadata/identity/oauth2/token?api-version=2018-02-01"
+MANAGEMENT = "https://management.azure.com/"  # the resource an ACR token exchange takes a token for
+KEY_VAULT = "https://vault.azure.net"
+KEY_VAULT_API = "7.4"
+REGISTRY_URL = "https://{host}"                 # the registry's token service (its login server)
+VAULT_URL = "https://{vault}.vault.azure.net"   # a Key Vault's data plane
+TOKEN_MARGIN_S = 300  # a cached identity token is fetched again this long before it expires
+
+
+class IdentityUnavailable(Exception):
+    """The metadata service gave no token of the node's managed identity."""
+
+
+class ManagedIdentity:
+    """Tokens of the node's user-assigned managed identity (node.json azure.client_id) from the instance
+    metadata service, cached per resource until TOKEN_MARGIN_S before they expire."""
+
+    def __init__(self, client_id: str | None, base_url: str = DEFAULT_BASE, timeout_s: float = 5.0):
+        self.client_id, self.base, self.timeout_s = client_id, base_url.rstrip("/"), timeout_s
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxied
+        self._tokens: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def token(self, resource: str) -> tuple[str, float]:
+        """(access token, expiry in epoch seconds) for ``resource``."""
+        with self._lock:
+            cached = self._tokens.get(resource)
+            if cached and cached[1] - time.time() > TOKEN_MARGIN_S:
+                return cached
+            query = urllib.parse.urlencode({"resource": resource, **({"client_id": self.client_id}
+                                                                      if self.client_id else {})})
+            req = urllib.request.Request(f"{self.base}{IDENTITY_TOKEN}&{query}", headers={"Metadata": "true"})
+            try:
+                with self._opener.open(req, timeout=self.timeout_s) as resp:
+                    doc = json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                raise IdentityUnavailable(f"HTTP {exc.code} {_error_text(exc)}".strip()) from None
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                raise IdentityUnavailable(f"no Azure metadata service at {self.base}: {exc}") from None
+            token = doc["access_token"], float(doc.get("expires_on") or time.time() + 3600)
+            self._tokens[resource] = token
+            return token
+
+
+def _error_text(exc: urllib.error.HTTPError) -> str:
+    """The error of an Azure JSON error body (`error_description`, `error.message` or `error`), short."""
+    try:
+        doc = json.loads(exc.read() or b"{}")
+    except ValueError:
+        return ""
+    err = doc.get("error")
+    text = doc.get("error_description") or (err.get("message") if isinstance(err, dict) else err) or ""
+    return str(text).splitlines()[0][:200] if text else ""
+
+
 class NodePlatform(Platform):
     """A scale-set VM: evictions come from Scheduled Events; approving them lets Azure go ahead. The scale
-    set has no per-instance scale-in protection here and gang mode is not run on Azure."""
+    set has no per-instance scale-in protection here and gang mode is not run on Azure. Key Vault secrets and
+    registry logins come through the node's managed identity (tokens from the metadata service at
+    ``base_url``); ``registry_url`` and ``vault_url`` are the services' URL templates (tests point them at
+    fakes on loopback)."""
 
     name = "azure"
 
-    def __init__(self, node: dict, base_url: str = DEFAULT_BASE):
+    def __init__(self, node: dict, base_url: str = DEFAULT_BASE, registry_url: str = REGISTRY_URL,
+                 vault_url: str = VAULT_URL):
+        from trainer.node.registry import LoginCache
+
         self.node, self.base_url = node, base_url
+        self.registry_url, self.vault_url = registry_url, vault_url
+        self.identity = ManagedIdentity((node.get("azure") or {}).get("client_id"), base_url)
+        self._logins = LoginCache()
+
+    def secret(self, source: str, name: str) -> str:
+        """A secret of the stack's Key Vault (node.json azure.key_vault), read with the node's identity
+        (role Key Vault Secrets User on the vault) over the vault's REST API."""
+        if source != "keyvault":
+            return super().secret(source, name)
+        vault = (self.node.get("azure") or {}).get("key_vault")
+        what = f"env: keyvault:{name}"
+        if not vault:
+            raise UsageError(f"{what}: node.json names no Key Vault (azure.key_vault); the stack's user-data "
+                             "writes it on cluster nodes")
+        try:
+            token = self.identity.token(KEY_VAULT)[0]
+        except IdentityUnavailable as exc:
+            raise UsageError(f"{what}: no token of the node's managed identity ({exc}); check the scale set's "
+                             "user-assigned identity and node.json azure.client_id") from None
+        url = f"{self.vault_url.format(vault=vault)}/secrets/{urllib.parse.quote(name)}?api-version={KEY_VAULT_API}"
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())["value"]
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                hint = f"no secret {name!r} in Key Vault {vault}; create it there (az keyvault secret set)"
+            elif exc.code in (401, 403):
+                hint = (f"the node's identity may not read secrets of Key Vault {vault}; it needs the role "
+                        "Key Vault Secrets User on the vault")
+            else:
+                hint = f"Key Vault {vault} refused the read"
+            raise UsageError(f"{what}: HTTP {exc.code}: {hint}") from None
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"{what}: cannot read it from Key Vault {vault} ({exc}); check the vault's private "
+                             "endpoint and DNS from this node") from None
+
+    def registry_login(self, image: str):
+        """An ACR refresh token for an image on `<registry>.azurecr.io`: the identity's token for Azure Resource
+        Manager exchanged at the registry's `/oauth2/exchange` (what `az acr login` does), docker user
+        00000000-0000-0000-0000-000000000000; cached until shortly before the token expires."""
+        from trainer.node.registry import ACR_USER, RegistryLogin, image_host, is_acr, jwt_expiry
+
+        host = image_host(image)
+        if not is_acr(host):
+            return None
+
+        def fetch() -> RegistryLogin:
+            try:
+                aad, expires = self.identity.token(MANAGEMENT)
+            except IdentityUnavailable as exc:
+                raise UsageError(f"registry {host}: no token of the node's managed identity ({exc}); check the "
+                                 "scale set's user-assigned identity and node.json azure.client_id") from None
+            body = urllib.parse.urlencode({"grant_type": "access_token", "service": host,
+                                           "access_token": aad}).encode()
+            req = urllib.request.Request(f"{self.registry_url.format(host=host)}/oauth2/exchange", data=body,
+                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    refresh = json.loads(resp.read())["refresh_token"]
+            except urllib.error.HTTPError as exc:
+                raise UsageError(f"registry {host}: the token exchange was refused (HTTP {exc.code} "
+                                 f"{_error_text(exc)}); the node's identity needs AcrPull on the registry") from None
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+                raise UsageError(f"registry {host}: token exchange failed ({exc}); check the registry's private "
+                                 "endpoint and DNS from this node") from None
+            return RegistryLogin(host, ACR_USER, refresh, jwt_expiry(refresh) or expires)
+
+        return self._logins.get(host, fetch)
 
     def going_away(self) -> str | None:
         try:

@@ -13,7 +13,9 @@ from the autoscaling group (trainer.node.rendezvous: head = lowest private IP). 
 publishes the job as s3://<bucket>/gang/assignment.json and runs node rank 0; the others poll that
 object and run their node rank, torchrun's store on the head. The head heartbeats, deletes or hands
 back the message and clears the assignment; a node that got a stop notice completes its own
-terminate hook. Every node is protected from scale-in while its part runs.
+terminate hook. Every node is protected from scale-in while its part runs. Fail-fast: a node whose part
+fails (not 0, not 75) marks the run failed on the board; the others see the mark within a poll, stop their
+part (SIGTERM, SIGKILL after FAIL_FAST_GRACE_S) and report a failure, so the head fails the job as a whole.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.spec import Job, parse_job, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
+from trainer.node.registry import write_config_dir
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, node_facts, stop_grace)
@@ -48,6 +51,7 @@ EXIT_FAILED = 1
 CAP_MARGIN_S = 300  # hand the message back this long before SQS's in-flight limit
 RETRY_S = 10
 GANG_POLL_S = 2.0  # how often a gang node looks at the assignment object
+FAIL_FAST_GRACE_S = 30  # a gang part stopped because another part failed: SIGTERM, SIGKILL after this
 
 
 def default_checkpoint_uri(bucket: str, job_id: str) -> str:
@@ -360,9 +364,15 @@ class Agent:
                                scratch=Path("/mnt/scratch").is_dir(),
                                container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
-            log.info("running %s", " ".join(argv))
             docker_env = {**os.environ, **secrets}
-            return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env)
+            login = self.platform.registry_login(job.image)
+            config = None
+            if login is not None:  # the job's docker commands read the node's registry login from a private config
+                config = write_config_dir(job_dir / "docker", [login])
+                docker_env["DOCKER_CONFIG"] = str(config)
+                log.info("registry %s: logged in with the node's identity (DOCKER_CONFIG=%s)", login.host, config)
+            log.info("running %s", " ".join(argv))
+            return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
         from trainer.jobs import bundle
 
         archive = bundle.fetch(job.code, self.work_dir / "bundles")
@@ -457,6 +467,7 @@ class GangAgent(Agent):
         self.gang: Gang | None = None
         self._seen: set[str] = set()  # generations this node has run or ignored
         self._led = False  # whether this agent has acted as the head yet
+        self._peer_failed: dict | None = None  # the failure mark of another node's part of the current run
 
     @property
     def max_nodes(self) -> int:
@@ -504,6 +515,7 @@ class GangAgent(Agent):
             return self.part(job, a)
         finally:
             self.board.clear()
+            self.board.clear_failed(a.generation)
 
     def part(self, job: Job, a: Assignment) -> int:
         """This node's part of the assigned job: the trainer through torchrun with its node rank; user code with
@@ -512,7 +524,53 @@ class GangAgent(Agent):
         if job.kind == "trainer":
             args = job_args(job, self.bucket, self.metrics_path(job.job_id))[0]
             trainer_cmd = gang_command(args, self.gang, a.run_id, a.port, self.nproc, self.gang_timeout_s)
-        return self.execute(job, a.attempt, self.gang.nnodes, self.gang.node_rank, f"{a.head}:{a.port}", trainer_cmd)
+        self._peer_failed = None
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch_gang, args=(a, done), name="gang-watch", daemon=True)
+        watcher.start()
+        try:
+            rc = self.execute(job, a.attempt, self.gang.nnodes, self.gang.node_rank, f"{a.head}:{a.port}",
+                              trainer_cmd)
+        finally:
+            done.set()
+            watcher.join()
+        mark = self._peer_failed
+        if mark is not None:  # stopped because another part died: the attempt failed as a whole
+            log.error("job %s: node %d's part failed with exit status %d; this node's part stopped (exit %d)",
+                      job.job_id, mark["node_rank"], mark["exit_status"], rc)
+            return EXIT_FAILED
+        if rc not in (EXIT_OK, EXIT_PREEMPTED):
+            try:
+                self.board.fail(a.generation, self.gang.node_rank, rc)
+            except Exception as exc:  # the others then stop at the heartbeat limit or their collective's timeout
+                log.warning("job %s: could not mark run %s as failed: %s", job.job_id, a.run_id, exc)
+        return rc
+
+    def _watch_gang(self, a: Assignment, done: threading.Event) -> None:
+        """While this node's part runs: poll the run's failure mark; when another node's part failed, stop this
+        part (SIGTERM and the stop file, SIGKILL after FAIL_FAST_GRACE_S: a collective with a dead peer
+        never returns)."""
+        while not done.wait(self.watch_s):
+            try:
+                mark = self.board.failed(a.generation)
+            except Exception as exc:  # a missed poll is retried
+                log.warning("polling the gang's failure mark failed: %s", exc)
+                continue
+            if not mark or mark["node_rank"] == self.gang.node_rank:
+                continue
+            self._peer_failed = mark
+            log.warning("job %s: node %d's part failed (exit status %d): stopping this node's part",
+                        a.job_id, mark["node_rank"], mark["exit_status"])
+            while self._running is None and not done.wait(0.1):
+                pass
+            run = self._running
+            if run is None:
+                return
+            run.stop(min(FAIL_FAST_GRACE_S, self.grace(notice=False)))
+            if not done.wait(FAIL_FAST_GRACE_S):
+                log.warning("job %s: this node's part did not stop within %d s: killed", a.job_id, FAIL_FAST_GRACE_S)
+                run.kill()
+            return
 
     def follow(self, a: Assignment) -> int:
         """A non-head node's part of the assigned job; the head owns the message."""

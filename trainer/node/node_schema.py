@@ -79,6 +79,9 @@ def check(node, complete: bool = False) -> dict:
         own = node.get(cloud)
         if own is not None and not isinstance(own, dict):
             raise ValueError(f"node.{cloud}: expected an object, got {_kind(own)}")
+        vault = (own or {}).get("key_vault") if cloud == "azure" else None
+        if vault is not None and not (isinstance(vault, str) and vault):
+            raise ValueError(f"node.azure.key_vault: expected a Key Vault name or null, got {_kind(vault)}")
         if complete and node["cloud"] == cloud:
             absent = [k for k in required if not (own or {}).get(k)]
             if absent:

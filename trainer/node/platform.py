@@ -1,5 +1,6 @@
 """The machine the agent runs on, as the agent needs it: scale-in protection, whether it is going away,
-letting the platform stop it, the launch check's verdict, and forming a gang.
+letting the platform stop it, the launch check's verdict, secrets and registry logins through the node's
+identity, and forming a gang.
 
 The base class is a machine of no cloud (a laptop, CI): nothing to protect, never going away, no gang.
 Each cloud module in trainer.clouds subclasses it; :func:`open_platform` picks one through the registry.
@@ -44,6 +45,12 @@ class Platform:
         """The value of a secret the node's identity may read (source "ssm" on AWS, "keyvault" on Azure)."""
         raise UsageError(f"env: {source}:{name}: the {self.name} platform cannot read {source} secrets (secrets are "
                          "read through a cloud node's identity: SSM parameters on AWS)")
+
+    def registry_login(self, image: str):
+        """Docker credentials (trainer.node.registry.RegistryLogin) for the registry ``image`` comes from, through
+        the node's identity; None when the image is not on a registry this platform logs in to (a local image,
+        Docker Hub, or any image off a cloud node)."""
+        return None
 
     def form_gang(self, nnodes: int, timeout_s: float):
         """This node's gang (trainer.node.rendezvous.Gang) once ``nnodes`` nodes are in service."""

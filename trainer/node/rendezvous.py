@@ -24,6 +24,7 @@ log = logging.getLogger("gpufleet.rendezvous")
 
 C10D_PORT = 29400
 ASSIGNMENT_KEY = "gang/assignment.json"
+FAILED_PREFIX = "gang/failed/"  # + <generation>.json: a node's part of that run failed (fail-fast)
 
 
 class RendezvousError(Exception):
@@ -93,7 +94,11 @@ class Assignment:
 class Board:
     """The gang's assignment object in the bucket. The head writes it in one PUT (a reader sees all of it
     or nothing) and deletes it when the job ends; the others poll it with If-None-Match on its ETag,
-    so an unchanged object costs a 304 without a body."""
+    so an unchanged object costs a 304 without a body.
+
+    Fail-fast: a node whose part of a run fails writes ``gang/failed/<generation>.json``; every node polls the
+    mark of the run it is in and stops its part, so the gang fails as a whole within a poll and a grace
+    instead of hanging in a collective. The head deletes the mark when the run ends."""
 
     def __init__(self, bucket: str, s3, key: str = ASSIGNMENT_KEY):
         self.bucket, self.s3, self.key = bucket, s3, key
@@ -106,6 +111,30 @@ class Board:
 
     def clear(self) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self.key)
+
+    def fail(self, generation: str, node_rank: int, rc: int) -> None:
+        """Mark the run ``generation`` as failed: this node's part exited ``rc`` (not 0, not 75)."""
+        self.s3.put_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json", ContentType="application/json",
+                           Body=json.dumps({"node_rank": node_rank, "exit_status": rc}).encode())
+
+    def failed(self, generation: str) -> dict | None:
+        """The failure mark of the run ``generation`` ({node_rank, exit_status}), or None."""
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json")["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None
+            raise
+        try:
+            mark = json.loads(body)
+            return {"node_rank": int(mark["node_rank"]), "exit_status": int(mark["exit_status"])}
+        except (ValueError, TypeError, KeyError):
+            return {"node_rank": -1, "exit_status": -1}  # a mark it cannot read still means the run failed
+
+    def clear_failed(self, generation: str) -> None:
+        self.s3.delete_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json")
 
     def read(self) -> Assignment | None:
         """The current assignment, or None (none, or not a valid one: logged)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -129,6 +130,13 @@ class Running:
     def stop(self, grace_s: int) -> None:
         raise NotImplementedError
 
+    def kill(self) -> None:
+        """SIGKILL what is left of the attempt (its process group)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
 
 class TrainerRun(Running):
     """The built-in trainer (torchrun through trainer.node.launch, or one process): its own handler checkpoints."""
@@ -146,6 +154,15 @@ class TrainerRun(Running):
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        """SIGKILL torchrun's workers (each in its own session) and the launcher's group."""
+        for pid in children(self.proc.pid) if self.workers else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        super().kill()
 
 
 class ProcessGroupRun(Running):
@@ -179,11 +196,21 @@ class ProcessGroupRun(Running):
 
 
 class ContainerRun(Running):
-    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init)."""
+    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init). Every
+    docker command of the job runs with ``docker_env`` (DOCKER_CONFIG: the job's private registry login)."""
 
-    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str]):
+    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str],
+                 config_dir: Path | None = None):
         super().__init__(proc, stop_file)
-        self.name, self.docker_env = name, docker_env
+        self.name, self.docker_env, self.config_dir = name, docker_env, config_dir
+
+    def wait(self) -> int:
+        """The container's exit status; then its private docker config (the registry login) is removed."""
+        try:
+            return super().wait()
+        finally:
+            if self.config_dir is not None:
+                shutil.rmtree(self.config_dir, ignore_errors=True)
 
     def stop(self, grace_s: int) -> None:
         self.stop_requested = True
@@ -195,6 +222,10 @@ class ContainerRun(Running):
                               capture_output=True, text=True)
         if done.returncode != 0 and self.proc.poll() is None:
             log.warning("docker stop %s: %s", self.name, done.stderr.strip())
+
+    def kill(self) -> None:
+        subprocess.run(["docker", "kill", self.name], env=self.docker_env, capture_output=True)
+        super().kill()
 
 
 def children(pid: int) -> list[int]:

@@ -70,5 +70,5 @@ def test_node_settings_follow_the_contract():
     assert node["bucket"].startswith("https://") and node["queue_url"].endswith("/jobs")
     assert node["instance_types"] == {"Standard_ND96asr_v4": {"gpus": 8, "efa": 0, "nvswitch": True,
                                                               "infiniband_gbps": 1600}}
-    assert node["azure"] == {"client_id": "cid", "resource_group": "rg", "subscription_id": "sub"}
+    assert node["azure"] == {"client_id": "cid", "resource_group": "rg", "subscription_id": "sub", "key_vault": None}
     assert (node["log_group"], node["metric_namespace"]) == ("/gpufleet/azure", "gpufleet/azure")

@@ -27,7 +27,7 @@ def test_every_cloud_resource_is_resolved_and_inside_a_component(doc):
 def test_scale_set_waits_for_its_data_and_pull_roles(doc):
     roles = {r["urn"] for r in doc["resources"] if r["type"] == "azure-native:authorization:RoleAssignment"}
     (vmss,) = [r for r in doc["resources"] if r["type"] == "azure-native:compute:VirtualMachineScaleSet"]
-    assert len(roles) == 4 and roles <= set(vmss["dependencies"])  # three storage roles and AcrPull
+    assert len(roles) == 5 and roles <= set(vmss["dependencies"])  # three storage roles, AcrPull, Secrets User
 
 
 def test_policy_pack_finds_no_mandatory_violation(doc):

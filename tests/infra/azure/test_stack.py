@@ -11,6 +11,7 @@ import pytest
 
 from infra.azure import derive
 from infra.azure.registry import ACR_PULL, registry_name
+from infra.azure.vault import SECRETS_USER, vault_name
 from tests.infra.azure.conftest import azure_config, run_stack
 
 RG = "azure-native:resources:ResourceGroup"
@@ -23,6 +24,7 @@ VMSS, AUTOSCALE = "azure-native:compute:VirtualMachineScaleSet", "azure-native:m
 ACR, ENDPOINT = "azure-native:containerregistry:Registry", "azure-native:network:PrivateEndpoint"
 ZONE, ZONE_LINK = "azure-native:privatedns:PrivateZone", "azure-native:privatedns:VirtualNetworkLink"
 ZONE_GROUP = "azure-native:network:PrivateDnsZoneGroup"
+VAULT = "azure-native:keyvault:Vault"
 
 
 def _taggable(typ: str) -> bool:
@@ -36,10 +38,10 @@ def test_every_resource_sits_in_a_component_and_every_taggable_one_carries_the_t
     components = {r.type for r in azure_run.resources if r.type.startswith("gpufleet:azure:")}
     assert components == {f"gpufleet:azure:{c}" for c in
                           ("ResourceGroup", "Network", "Storage", "JobQueue", "Identity", "ScaleSet", "Autoscale",
-                           "Registry")}
+                           "Registry", "Vault")}
     provider = [r for r in azure_run.resources if r.type.startswith("azure-native:")]
     assert {r.type for r in provider} >= {RG, VNET, SUBNET, NSG, ACCOUNT, CONTAINER, QUEUE, IDENTITY, ROLE,
-                                          VMSS, AUTOSCALE, ACR, ENDPOINT, ZONE, ZONE_LINK, ZONE_GROUP}
+                                          VMSS, AUTOSCALE, ACR, ENDPOINT, ZONE, ZONE_LINK, ZONE_GROUP, VAULT}
     for r in provider:
         assert r.parent_type in components, r.urn
         if _taggable(r.type):
@@ -84,12 +86,14 @@ def test_identity_gets_data_roles_scoped_to_its_container_and_queues_only(azure_
     assert grants == {(derive.STORAGE_BLOB_DATA_CONTRIBUTOR, "checkpoints"),
                       (derive.STORAGE_QUEUE_DATA_CONTRIBUTOR, "jobs"),
                       (derive.STORAGE_QUEUE_DATA_CONTRIBUTOR, "jobs-poison"),
-                      (ACR_PULL, registry)}
+                      (ACR_PULL, registry), (SECRETS_USER, azure_run.one(VAULT).inputs["vaultName"])}
     for r in azure_run.of_type(ROLE):
         assert r.inputs["principalId"] == principal and r.inputs["principalType"] == "ServicePrincipal"
         assert r.inputs["roleDefinitionId"].startswith("/subscriptions/")
         if r.inputs["roleDefinitionId"].endswith(ACR_PULL):
             assert r.inputs["scope"].endswith("/providers/Microsoft.ContainerRegistry/registries/" + registry)
+        elif r.inputs["roleDefinitionId"].endswith(SECRETS_USER):
+            assert "/providers/Microsoft.KeyVault/vaults/" in r.inputs["scope"]
         else:
             assert "/storageAccounts/" + azure_run.outputs["storageAccount"] + "/" in r.inputs["scope"]
 
@@ -107,22 +111,53 @@ def test_registry_is_premium_private_and_pulled_with_the_node_identity_only(azur
     registry_id = next(r.inputs["scope"] for r in azure_run.of_type(ROLE) if r.inputs["roleDefinitionId"].endswith(
         ACR_PULL))
     # the private path: an endpoint in the node subnet, its records in privatelink.azurecr.io, linked to the VNet
-    endpoint = azure_run.one(ENDPOINT).inputs
-    assert endpoint["subnet"] == {"id": azure_run.outputs["subnetId"]}
-    (connection,) = endpoint["privateLinkServiceConnections"]
-    assert connection["privateLinkServiceId"] == registry_id and connection["groupIds"] == ["registry"]
-    zone = azure_run.one(ZONE).inputs
-    assert zone["privateZoneName"] == "privatelink.azurecr.io"
-    link = azure_run.one(ZONE_LINK).inputs
-    assert link["privateZoneName"] == zone["privateZoneName"] and link["registrationEnabled"] is False
-    assert link["virtualNetwork"]["id"].endswith("/virtualNetworks/gpufleet-azure")
-    group = azure_run.one(ZONE_GROUP).inputs
-    assert group["privateEndpointName"] == endpoint["privateEndpointName"]
-    (config,) = group["privateDnsZoneConfigs"]
-    assert config["privateDnsZoneId"].endswith("/privateDnsZones/privatelink.azurecr.io")
+    assert_private_path(azure_run, "Registry", registry_id, "registry", "privatelink.azurecr.io")
     # the nodes learn the login server from node.json
     custom = azure_run.one(VMSS).inputs["virtualMachineProfile"]["osProfile"]["customData"]
     assert f'"registry": "{name}.azurecr.io"' in base64.b64decode(custom).decode()
+
+
+def assert_private_path(run, component: str, target_id: str, group_id: str, zone_name: str) -> None:
+    """The private path of a component's resource: an endpoint in the node subnet, its records in the
+    privatelink zone, the zone linked to the VNet."""
+    def one(typ):
+        (r,) = [r for r in run.of_type(typ) if r.parent_type == f"gpufleet:azure:{component}"]
+        return r.inputs
+
+    endpoint = one(ENDPOINT)
+    assert endpoint["subnet"] == {"id": run.outputs["subnetId"]}
+    (connection,) = endpoint["privateLinkServiceConnections"]
+    assert connection["privateLinkServiceId"] == target_id and connection["groupIds"] == [group_id]
+    zone = one(ZONE)
+    assert zone["privateZoneName"] == zone_name
+    link = one(ZONE_LINK)
+    assert link["privateZoneName"] == zone["privateZoneName"] and link["registrationEnabled"] is False
+    assert link["virtualNetwork"]["id"].endswith("/virtualNetworks/gpufleet-azure")
+    group = one(ZONE_GROUP)
+    assert group["privateEndpointName"] == endpoint["privateEndpointName"]
+    (config,) = group["privateDnsZoneConfigs"]
+    assert config["privateDnsZoneId"].endswith(f"/privateDnsZones/{zone_name}")
+
+
+def test_key_vault_is_private_rbac_only_purge_protected_and_read_by_the_node_identity_only(azure_run):
+    v = azure_run.one(VAULT).inputs
+    name = v["vaultName"]
+    assert re.fullmatch(r"[a-z][a-z0-9-]{1,22}[a-z0-9]", name) and name == vault_name("azure", "westeurope")
+    p = v["properties"]
+    assert p["sku"] == {"family": "A", "name": "standard"} and p["tenantId"]
+    assert p["enableRbacAuthorization"] is True and "accessPolicies" not in p
+    assert (p["enableSoftDelete"], p["softDeleteRetentionInDays"], p["enablePurgeProtection"]) == (True, 90, True)
+    assert p["publicNetworkAccess"] == "Disabled"
+    assert p["networkAcls"] == {"defaultAction": "Deny", "bypass": "None"}
+    assert azure_run.outputs["keyVault"] == name
+    readers = [r.inputs for r in azure_run.of_type(ROLE) if r.inputs["roleDefinitionId"].endswith(SECRETS_USER)]
+    (reader,) = readers
+    assert reader["principalId"] == azure_run.outputs["identityPrincipalId"]
+    assert reader["scope"].endswith(f"/providers/Microsoft.KeyVault/vaults/{name}")
+    assert_private_path(azure_run, "Vault", reader["scope"], "vault", "privatelink.vaultcore.azure.net")
+    # the nodes learn the vault's name from node.json
+    custom = azure_run.one(VMSS).inputs["virtualMachineProfile"]["osProfile"]["customData"]
+    assert f'"key_vault": "{name}"' in base64.b64decode(custom).decode()
 
 
 def test_scale_set_is_one_infiniband_domain_with_ssh_keys_only_on_spot(azure_run):
@@ -155,7 +190,7 @@ def test_custom_data_is_the_cloud_config_of_this_node(azure_run):
     node = derive.node_settings(
         azure_config(), container_url=out["containerUrl"], queue_url=out["queueUrl"], scale_set=out["vmssName"],
         client_id=out["identityClientId"], resource_group=out["resourceGroup"],
-        subscription_id=out["vmssId"].split("/")[2], registry=out["registry"])
+        subscription_id=out["vmssId"].split("/")[2], registry=out["registry"], key_vault=out["keyVault"])
     custom = azure_run.one(VMSS).inputs["virtualMachineProfile"]["osProfile"]["customData"]
     text = base64.b64decode(custom).decode()
     assert text.startswith("#cloud-config") and text == render_user_data(node)

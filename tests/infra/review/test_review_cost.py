@@ -103,15 +103,17 @@ def test_azure_stack_prices_the_os_disk_tier():
     est = cost.estimate(parse(raw, "az"))
     assert est["price_region"] == "eastus"
     # the registry nodes pull from: Premium (private endpoints need it) 1.667/day x 730/24 = 50.70,
-    # its private endpoint 0.01 x 730 = 7.30, the privatelink.azurecr.io zone 0.50: 58.50
+    # its private endpoint 0.01 x 730 = 7.30, the privatelink.azurecr.io zone 0.50; the Key Vault's endpoint 7.30
+    # and privatelink.vaultcore.azure.net zone 0.50 (a standard vault bills per operation): 66.30
     assert [(f["item"], f["monthly_usd"]) for f in est["fixed"]] == [
         ("Container Registry, Premium tier", 50.70), ("private endpoint (registry)", 7.30),
-        ("private DNS zone (privatelink.azurecr.io)", 0.50)]
-    assert est["fixed_monthly_usd"] == 58.50
+        ("private DNS zone (privatelink.azurecr.io)", 0.50), ("private endpoint (Key Vault)", 7.30),
+        ("private DNS zone (privatelink.vaultcore.azure.net)", 0.50)]
+    assert est["fixed_monthly_usd"] == 66.30
     assert est["node_disk"] == {"item": "OS disk 256 GiB Premium SSD (P15)", "usd_month": 38.02}
     # desired 1: 12.2386 x 730 + 38.02 = 8972.198; max 4: 35736.712 + 152.08 = 35888.792 (spot)
-    # and 4 x 27.197 x 730 + 152.08 = 79567.32 (on-demand); each plus the 58.50 fixed
-    assert est["monthly_usd"] == {"min": 58.50, "desired": 9030.70, "max": 35947.29}
+    # and 4 x 27.197 x 730 + 152.08 = 79567.32 (on-demand); each plus the 66.30 fixed
+    assert est["monthly_usd"] == {"min": 66.30, "desired": 9038.50, "max": 35955.09}
     assert est["rows"]["max"]["on_demand_usd"] == 79567.32
     # 35947.29 > 30000 at max, 9030.70 within at desired
     assert (est["budget"]["within_at_desired"], est["budget"]["within_at_max"]) == (True, False)

@@ -83,13 +83,16 @@ def test_cost_model_os_disk_matches_the_azure_scale_set(azure):
         (cost.AZURE_OS_DISK_GB, "Premium_LRS")
 
 
-def test_cost_model_counts_the_azure_registry_and_its_private_path(azure):
+def test_cost_model_counts_the_azure_registry_the_vault_and_their_private_paths(azure):
     fixed = {f["item"]: f["quantity"] for f in azure["cost"]["fixed"]}
     (acr,) = _inputs(azure, "azure-native:containerregistry:Registry")
     assert acr["sku"]["name"] == "Premium" and fixed["Container Registry, Premium tier"] == 1
-    assert fixed["private endpoint (registry)"] == len(_inputs(azure, "azure-native:network:PrivateEndpoint")) == 1
-    (zone,) = _inputs(azure, "azure-native:privatedns:PrivateZone")
-    assert fixed[f"private DNS zone ({zone['privateZoneName']})"] == 1
+    endpoints = [e["privateEndpointName"].rsplit("-", 1)[1] for e in
+                 _inputs(azure, "azure-native:network:PrivateEndpoint")]
+    assert sorted(endpoints) == ["registry", "vault"]
+    assert fixed["private endpoint (registry)"] == fixed["private endpoint (Key Vault)"] == 1
+    for zone in _inputs(azure, "azure-native:privatedns:PrivateZone"):
+        assert fixed[f"private DNS zone ({zone['privateZoneName']})"] == 1
 
 
 def _edited(doc: dict, rtype: str, edit) -> dict:
