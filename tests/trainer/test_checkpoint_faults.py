@@ -14,9 +14,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.trainer.fault_proxy import Fault, FaultProxy
+from tests.trainer.fault_proxy import Fault as ProxyFault, FaultProxy
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
-from trainer.errors import RuntimeFault
+from trainer.errors import Fault
 from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
 from trainer.loop.lease import Fenced, Lease
 from trainer.loop.storage import LocalStore, open_store
@@ -117,7 +117,7 @@ def test_s3_short_reads_and_errors_through_a_fault_proxy_are_retried(bucket, mon
     ckpt.save(2, {"model.pt": data})
     with FaultProxy(os.environ["AWS_ENDPOINT_URL"]) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        injected = proxy.add(Fault(fault, method="GET", path="/fleet/jobs/j/step-000000002/model.pt",
+        injected = proxy.add(ProxyFault(fault, method="GET", path="/fleet/jobs/j/step-000000002/model.pt",
                                    times=12 if fault == "error" else 1))
         with caplog.at_level(logging.WARNING, logger="trainer"):
             step, parts = Checkpointer(open_store(uri), keep=3).load_latest()
@@ -237,7 +237,7 @@ def test_a_full_disk_mid_save_is_one_fault_and_the_older_checkpoint_stays(small_
     ckpt = Checkpointer(LocalStore(small_disk / "ck"), keep=1)
     ckpt.save(1, {"a.pt": b"x" * 100_000})
     fill(small_disk, leave=300_000)
-    with pytest.raises(RuntimeFault, match=r"checkpoint of step 2: no space left at .*/ck \(needs about"):
+    with pytest.raises(Fault, match=r"checkpoint of step 2: no space left at .*/ck \(needs about"):
         ckpt.save(2, {"a.pt": b"y" * 1_000_000})
     assert ckpt.load_latest() == (1, {"a.pt": b"x" * 100_000})
     assert LocalStore(small_disk / "ck").list() == ["step-000000001.json", "step-000000001/a.pt"]

@@ -334,6 +334,26 @@ class S3Store(Store):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    conditional_create = True  # False where the endpoint ignores If-None-Match (see trainer.clouds.tencent)
+
+    def create(self, key: str, data: bytes) -> None:
+        """A conditional PutObject (If-None-Match: *): S3 refuses it with 412 if the key exists. Where the
+        endpoint has no such condition, a look then a write, which two writers at the same moment can both pass."""
+        from botocore.exceptions import ClientError
+
+        if not self.conditional_create:
+            if self.exists(key):
+                raise FileExistsError(f"{self.uri}{key}")
+            self.write_bytes(key, data)
+            return
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("PreconditionFailed", "412",
+                                                                              "ConditionalRequestConflict"):
+                raise FileExistsError(f"{self.uri}{key}") from None
+            raise
+
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 

@@ -150,6 +150,14 @@ class AzureBlobStore(Store):
     def read_bytes(self, key: str) -> bytes:
         return self._download(key).readall()
 
+    def create(self, key: str, data: bytes) -> None:
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            self.container.upload_blob(self._name(key), data, overwrite=False)  # If-None-Match: *
+        except ResourceExistsError:
+            raise FileExistsError(f"{self.uri}{key}") from None
+
     def upload_file(self, key: str, path: str | os.PathLike) -> None:
         with open(path, "rb") as src:
             self.container.upload_blob(self._name(key), src, overwrite=True, max_concurrency=CONCURRENCY)

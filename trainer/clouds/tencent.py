@@ -137,6 +137,9 @@ def open_store(uri: str):
     settings = node_settings()
     store = S3Store(parsed.netloc, parsed.path, client=cos_client(region_of(settings), credentials(settings)))
     store.uri = f"cos://{parsed.netloc}/{store.prefix}"
+    # COS's S3 API documents no If-None-Match on PUT Object: the checkpoint lease (trainer.loop.lease) is taken
+    # with a look then a write there, so two runners starting within the same moment are not told apart.
+    store.conditional_create = False
     return store
 
 

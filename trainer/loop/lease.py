@@ -39,6 +39,10 @@ class Lease:
 
     def acquire(self, attempts: int = 20) -> int:
         """Take the next generation; older generations are removed (best effort)."""
+        if not getattr(self.store, "conditional_create", True):
+            log.warning("checkpoint location %s: this store has no create-if-absent write; the lease is taken with a "
+                        "look then a write, so two runners starting at the same moment are not told apart",
+                        self.store.uri)
         holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
         for _ in range(attempts):
             gens = self.generations()
