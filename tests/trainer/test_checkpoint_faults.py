@@ -3,6 +3,7 @@ every checkpoint corrupt, leftovers of killed writers, a full disk (a small tmpf
 fenced by the lease."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import torch
 
 from tests.trainer.fault_proxy import Fault as ProxyFault, FaultProxy
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
@@ -131,18 +133,23 @@ def train(args, **kw) -> subprocess.CompletedProcess:
                           text=True, timeout=300, **kw)
 
 
+FORMATS = {"full": ([], lambda ck: [p.write_bytes(b"garbage") for p in ck.glob("step-*/model.pt")]),
+           "dcp": (["--checkpoint-format", "dcp"], lambda ck: [p.unlink() for p in ck.glob("step-*/*.distcp")])}
+
+
 @pytest.mark.slow
-def test_every_checkpoint_corrupt_stops_with_one_line_unless_start_over(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_checkpoint_corrupt_stops_with_one_line_unless_start_over(tmp_path, fmt):
+    flags, corrupt = FORMATS[fmt]
     ck = tmp_path / "ck"
-    assert train(["--steps", "4", "--checkpoint-every", "2", "--checkpoint-uri", str(ck)]).returncode == 0
-    for part in ck.glob("step-*/model.pt"):
-        part.write_bytes(b"garbage")
-    refused = train(["--steps", "6", "--checkpoint-uri", str(ck)])
+    assert train([*flags, "--steps", "4", "--checkpoint-every", "2", "--checkpoint-uri", str(ck)]).returncode == 0
+    assert corrupt(ck)
+    refused = train([*flags, "--steps", "6", "--checkpoint-uri", str(ck)])
     assert refused.returncode == 2
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
     assert "every checkpoint at" in line and "is corrupt (steps 4, 2)" in line and "--start-over" in line
     assert "Traceback" not in refused.stderr
-    again = train(["--steps", "6", "--checkpoint-uri", str(ck), "--start-over", "--metrics-file",
+    again = train([*flags, "--steps", "6", "--checkpoint-uri", str(ck), "--start-over", "--metrics-file",
                    str(tmp_path / "m.jsonl")])
     assert again.returncode == 0, again.stderr
     assert "starting over from step 0 (--start-over)" in again.stderr
@@ -211,19 +218,35 @@ def test_create_refuses_an_existing_key(tmp_path, bucket, where):
     assert store.read_bytes("k") == b"one"
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """An 8 MiB tmpfs (the tests run as root in CI); skipped, saying why, where mounting is refused."""
+@contextlib.contextmanager
+def mounted(tmp_path: Path, kind: str):
+    """A small disk (the tests run as root in CI): an 8 MiB tmpfs, or a 16 MiB loop-mounted ext4 (DCP's writer
+    fails on tmpfs whatever the room). Skipped, saying why, where mounting is refused."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
+    if kind == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)]
+    else:
+        image = tmp_path / "disk.img"
+        with open(image, "wb") as f:
+            f.truncate(16 << 20)
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 image for the full-disk test: {made.stderr.strip()}")
+        cmd = ["mount", "-o", "loop", str(image), str(mnt)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the full-disk test: {proc.stderr.strip() or proc.returncode}")
+        pytest.skip(f"cannot mount a {kind} for the full-disk test: {proc.stderr.strip() or proc.returncode}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with mounted(tmp_path, "tmpfs") as mnt:
+        yield mnt
 
 
 def fill(disk: Path, leave: int) -> None:
@@ -245,20 +268,27 @@ def test_a_full_disk_mid_save_is_one_fault_and_the_older_checkpoint_stays(small_
 
 
 @pytest.mark.slow
-def test_train_on_a_full_disk_says_where_and_how_much_in_one_line_and_keeps_the_older_checkpoint(small_disk, tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_train_on_a_full_disk_says_where_and_how_much_in_one_line_and_keeps_the_older_checkpoint(tmp_path, fmt):
+    flags = FORMATS[fmt][0]
+    with mounted(tmp_path, "ext4" if fmt == "dcp" else "tmpfs") as small_disk:
+        full_disk_run(small_disk, flags)
+
+
+def full_disk_run(small_disk: Path, flags: list[str]) -> None:
     ck = small_disk / "ck"
-    assert train(["--steps", "2", "--checkpoint-every", "0", "--checkpoint-uri", str(ck),
+    assert train([*flags, "--steps", "2", "--checkpoint-every", "0", "--checkpoint-uri", str(ck),
                   "--keep-checkpoints", "1"]).returncode == 0
     size = sum(p.stat().st_size for p in ck.rglob("*") if p.is_file())
     fill(small_disk, leave=size // 2)
-    proc = train(["--steps", "4", "--checkpoint-uri", str(ck), "--keep-checkpoints", "1"])
+    proc = train([*flags, "--steps", "4", "--checkpoint-uri", str(ck), "--keep-checkpoints", "1"])
     assert proc.returncode == 1, proc.stderr
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert f"checkpoint location {ck}: a save needs about" in line and "MiB free" in line
     assert "Traceback" not in proc.stderr
-    assert Checkpointer(LocalStore(ck), keep=1).load_latest()[0] == 2
+    assert Checkpointer(LocalStore(ck), keep=1).latest()[0] == 2
     (small_disk / "filler").unlink()
-    assert train(["--steps", "4", "--checkpoint-uri", str(ck), "--keep-checkpoints", "1"]).returncode == 0
+    assert train([*flags, "--steps", "4", "--checkpoint-uri", str(ck), "--keep-checkpoints", "1"]).returncode == 0
     assert Checkpointer(LocalStore(ck), keep=1).steps() == [4]
 
 

@@ -40,6 +40,7 @@ FORMAT = 1
 SHARDED_FORMAT = 2
 
 
+NEARLY_FULL = 1 << 20  # bytes: a disk with less free after a failed write was full
 READS = 3  # a manifest or part that does not check out is read this many times before it is called corrupt
 PART_NAME = re.compile(r"^(?!.*(?:^|/)\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*$")  # relative, no . or ..
 
@@ -167,12 +168,20 @@ class Checkpointer:
                            for name, obj in parts.items()}
                 entries = {name: future.result() for name, future in written.items()}
         except OSError as exc:
-            if not no_space(exc):
+            if not self.filled_up(exc):
                 raise
             raise self.out_of_space(step, self.room_needed(parts)) from None
         if before_commit:
             before_commit()
         self.commit(step, entries, FORMAT)
+
+    def filled_up(self, exc: BaseException) -> bool:
+        """Whether a failed write was a full disk: ENOSPC, or (torch's zip writer reports a short write as
+        "unexpected pos") a failure that left the store's disk with next to no room."""
+        if no_space(exc):
+            return True
+        free = self.store.free_bytes()
+        return free is not None and free < NEARLY_FULL
 
     def out_of_space(self, step: int, needed: int) -> Fault:
         """After a save that filled the disk: this step's parts removed, and the one line to stop with."""

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 from torch.distributed.checkpoint.storage import StorageWriter
 
-from trainer.loop.checkpoint import SHARDED_FORMAT, Checkpointer, CorruptCheckpoint, no_space, step_name
+from trainer.loop.checkpoint import SHARDED_FORMAT, Checkpointer, CorruptCheckpoint, step_name
 from trainer.loop.storage import LocalStore, Store
 
 log = logging.getLogger("trainer")
@@ -198,7 +198,7 @@ class ShardedCheckpoints:
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.group)
             except Exception as exc:
-                if not no_space(exc):
+                if not self.checkpointer.filled_up(exc):
                     raise
                 raise self.checkpointer.out_of_space(step, self.checkpointer.room_needed()) from None
         return time.perf_counter() - began
@@ -211,7 +211,7 @@ class ShardedCheckpoints:
             try:
                 pending.result()
             except Exception as exc:
-                if not no_space(exc):
+                if not self.checkpointer.filled_up(exc):
                     raise
                 raise self.checkpointer.out_of_space(step, self.checkpointer.room_needed()) from None
             log.info("checkpoint of step %d committed in the background (waited %.2fs)", step,

@@ -420,8 +420,8 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             progress.update(record)
         return stop_votes > 0
 
-    def save_with_record(result: StepResult) -> bool:
-        """Checkpoint result.step in the foreground; for whole files its record is written before the commit,
+    def save_with_record(result: StepResult, background: bool = False) -> bool:
+        """Checkpoint result.step; its record is written before the commit (a background save: once staged),
         so that a kill after the commit cannot lose it. True if any rank must stop."""
         began, votes = time.perf_counter(), []
 
@@ -429,7 +429,7 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             result.checkpoint_s = time.perf_counter() - began
             votes.append(publish(result))
 
-        trainer.save(result.step, before_commit=record)
+        trainer.save(result.step, background=background, before_commit=record)
         return votes[0]
 
     stop = False
@@ -472,10 +472,7 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             if stop:
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                if cfg.dcp and cfg.async_checkpoint:  # committed in the background: its record comes next step
-                    pending.checkpoint_s = trainer.save(step, background=True)
-                    continue
-                stop, pending = save_with_record(pending), None
+                stop, pending = save_with_record(pending, background=cfg.dcp and cfg.async_checkpoint), None
                 if stop:
                     log.warning("stop requested (%s): the checkpoint of step %d stands", notice.reason or
                                 "by another rank", done)

@@ -320,7 +320,7 @@ class Agent:
                                       "step": saved})
             lost = max(0, (tail.last_step or 0) - (saved or 0)) if tail else 0
             self.emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
-            log.info("job %s: stopped after a checkpoint; handed back as a fresh message (%d steps lost)",
+            log.info("job %s: stopped after a checkpoint; message handed back as a fresh one (%d steps lost)",
                      job.job_id, lost)
             self.settle(preempted=True)
             return EXIT_PREEMPTED
