@@ -179,11 +179,10 @@ def test_a_job_over_the_command_line_limit_is_dead_lettered_in_one_line_and_prot
         a = agent(url, tmp_path, "a", node=node, platform=NodePlatform(node, autoscaling=LifecycleStubbed()))
         with caplog.at_level(logging.ERROR, logger="gpufleet.agent"):
             assert a.serve(once=True) == 1
-            assert a.serve(once=True) == 1
-        assert a.serve(once=True) == 0  # moved to the dead-letter queue after maxReceiveCount receives
+        assert a.serve(once=True) == 0  # moved to the dead-letter queue at once
     errors = [r.getMessage() for r in caplog.records if r.name == "gpufleet.agent" and r.levelno >= logging.ERROR]
-    assert len(errors) == 2 and not any("\n" in e for e in errors)
-    assert "invalid job, left for the dead-letter queue: job big: its args are" in caplog.text
+    assert len(errors) == 1 and not any("\n" in e for e in errors)
+    assert "invalid job, moved to the dead-letter queue: job big: its args are" in caplog.text
     assert json.loads(sqs.receive_message(QueueUrl=dlq)["Messages"][0]["Body"])["job_id"] == "big"
     got = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
     assert got["AutoScalingInstances"][0]["ProtectedFromScaleIn"] is False
@@ -222,3 +221,72 @@ def test_no_exception_escapes_handling_and_protection_is_released(aws, tmp_path,
     got = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
     assert got["AutoScalingInstances"][0]["ProtectedFromScaleIn"] is False
 
+
+
+def send_job(sqs, url, job_id, args, **fields) -> None:
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"spec": 1, "job_id": job_id, "kind": "trainer",
+                                                           "args": args, **fields}))
+
+
+BROKEN = [*TRAIN, "--steps", "2", "--model", "no_such_module:factory"]  # exits 2 before its first step
+
+
+def counting(a: Agent) -> list:
+    """The attempts the agent launches (their GPUFLEET_ATTEMPT numbers)."""
+    launched, launch = [], a.launch
+    a.launch = lambda job, attempt: launched.append(attempt) or launch(job, attempt)
+    return launched
+
+
+def dead(sqs, dlq) -> list[dict]:
+    return [json.loads(m["Body"]) for m in sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10,
+                                                               MessageAttributeNames=["All"]).get("Messages", [])]
+
+
+def test_retries_on_error_0_dead_letters_after_one_run(aws, tmp_path, caplog):
+    sqs, url, dlq = aws
+    send_job(sqs, url, "once", BROKEN)
+    a = agent(url, tmp_path, "a")
+    launched = counting(a)
+    assert a.serve(once=True) == 1
+    assert a.serve(once=True) == 0  # nothing redelivered
+    assert launched == [1] and counts(sqs, url) == (0, 0)
+    assert [d["job_id"] for d in dead(sqs, dlq)] == ["once"]
+    assert "moved to the dead-letter queue: 1 failure(s), retries.on_error is 0" in caplog.text
+
+
+def test_retries_on_error_1_runs_twice_then_dead_letters_with_the_history(aws, tmp_path):
+    sqs, url, dlq = aws
+    send_job(sqs, url, "twice", BROKEN, retries={"on_error": 1})
+    a = agent(url, tmp_path, "a")
+    launched = counting(a)
+    assert a.serve(once=True) == 1
+    assert counts(sqs, url) == (1, 0)  # queued again as a fresh message
+    assert a.serve(once=True) == 1
+    assert a.serve(once=True) == 0
+    assert launched == [1, 2] and counts(sqs, url) == (0, 0)
+    (moved,) = dead(sqs, dlq)
+    assert [(x["n"], x["outcome"], x["exit_status"]) for x in moved["attempts"]] == [(1, "failed", 2)]
+
+
+def test_an_exit_status_in_on_exit_codes_always_retries_and_never_counts(aws, tmp_path):
+    sqs, url, dlq = aws
+    send_job(sqs, url, "flaky", BROKEN, retries={"on_error": 0, "on_exit_codes": [2]})
+    a = agent(url, tmp_path, "a")
+    for _ in range(3):  # more than maxReceiveCount (2) and on_error (0)
+        assert a.serve(once=True) == 1
+    body = peek(sqs, url)
+    assert [x["exit_status"] for x in body["attempts"]] == [2, 2, 2] and not dead(sqs, dlq)
+
+
+@pytest.mark.slow
+def test_a_job_stopped_at_its_timeout_is_a_failure_that_counts(aws, tmp_path, caplog):
+    sqs, url, dlq = aws
+    send_job(sqs, url, "slow", [*TRAIN, "--steps", "1000000"], timeout=3, retries={"on_error": 1})
+    a = agent(url, tmp_path, "a")
+    assert a.serve(once=True) == 1
+    assert "job slow: stopped at its timeout of 3 s" in caplog.text
+    assert [x["outcome"] for x in peek(sqs, url)["attempts"]] == ["timeout"]
+    assert a.serve(once=True) == 1
+    assert [x["outcome"] for x in dead(sqs, dlq)[0]["attempts"]] == ["timeout"]
+    assert counts(sqs, url) == (0, 0)

@@ -296,6 +296,11 @@ class AzureJobQueue(JobQueue):
             except ResourceNotFoundError:
                 pass  # already deleted
 
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        log.error("message %s: moved to the poison queue (%s)", msg.id, reason)
+        self.poison.send_message(msg.body, time_to_live=-1)
+        self.delete(msg)
+
     def send(self, body: str) -> str:
         return self.client.send_message(body, time_to_live=-1).id
 

@@ -235,6 +235,10 @@ class CmqJobQueue(JobQueue):
         else:
             self._resend(msg, failures)
 
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        log.error("message %s: moved to %s (%s)", msg.id, self.dead_letter_queue, reason)
+        self._resend(msg, 0, self.dead_letter_queue)
+
     def delete(self, msg: Message) -> None:
         self.cmq.call("DeleteMessage", {"queueName": self.queue, "receiptHandle": msg.receipt})
         with self._lock:

@@ -91,6 +91,23 @@ def with_attempt(body: str, attempt: dict) -> str:
     return json.dumps(raw)
 
 
+FAILURES = ("failed", "timeout")  # the outcomes that count against retries.on_error
+
+
+def retry_decision(retries: dict, attempts: tuple[dict, ...] | list[dict], exit_status: int) -> tuple[bool, str]:
+    """Whether a failed attempt (``exit_status``) is tried again, and why, from the job's retries and its attempt
+    history. An exit status in on_exit_codes always retries and never counts; every other failure or timeout
+    counts against on_error; preemptions and hand-backs never count."""
+    codes = set(retries.get("on_exit_codes") or ())
+    if exit_status in codes:
+        return True, f"exit status {exit_status} is in retries.on_exit_codes"
+    budget = int(retries.get("on_error") or 0)
+    failed = sum(1 for a in attempts if a.get("outcome") in FAILURES and a.get("exit_status") not in codes)
+    if failed < budget:
+        return True, f"retry {failed + 1} of {budget} (retries.on_error)"
+    return False, f"{failed + 1} failure(s), retries.on_error is {budget}"
+
+
 def job_bytes(job: "Job") -> int:
     """What the job puts on an exec: its args (trainer) or command and env values (image, code)."""
     strings = list(job.args) if job.kind == "trainer" else [*job.command, *(

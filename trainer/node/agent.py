@@ -5,9 +5,12 @@ protect the instance from scale-in, keep the message hidden with a heartbeat, ru
 torchrun over all local GPUs, one process without GPUs; kind image: a container under the node's Docker;
 kind code: the bundle unpacked into the job's work directory, run with the node's Python; see
 trainer.node.runner for the environment and the stop contract), then: done -> delete the message; preempted
-(exit 75, checkpoint safe) -> hand the job back at once and complete the terminate lifecycle action; failed ->
-leave the message to redelivery and the dead-letter queue. An invalid job is logged and left for the
-dead-letter queue. No exception escapes the handling of a message, and scale-in protection is always released.
+(exit 75, checkpoint safe) -> hand the job back at once and complete the terminate lifecycle action; failed
+(or stopped at its timeout) -> queued again like a hand-back (outcome "failed"/"timeout") while the job's
+``retries`` allow (trainer.jobs.spec.retry_decision: on_error counts the failures in its attempt history, an
+exit status in on_exit_codes always retries), else moved to the dead-letter queue at once (JobQueue.dead_letter).
+An invalid job is dead-lettered at once with one log line. No exception escapes the handling of a message, and
+scale-in protection is always released.
 
 A hand-back never counts against the queue's failure budget (SQS's maxReceiveCount counts receives, and a
 message made visible again keeps its count): it sends a fresh message, the same body with one more entry in
@@ -43,7 +46,7 @@ from trainer import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from trainer.clouds import explain
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import JobQueue, Message, open_queue
-from trainer.jobs.spec import Job, parse_job, validate
+from trainer.jobs.spec import Job, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
@@ -282,9 +285,9 @@ class Agent:
         try:
             job = self.check(msg)
         except UsageError as exc:
-            log.error("message %s (receive %d): invalid job, left for the dead-letter queue: %s",
+            log.error("message %s (receive %d): invalid job, moved to the dead-letter queue: %s",
                       msg.id, msg.receive_count, exc)
-            self.queue.fail(msg)
+            self.queue.dead_letter(msg, f"invalid job: {exc}")
             return EXIT_FAILED
         metrics = self.metrics_path(job.job_id) if job.kind == "trainer" else None
         uri = self.job_uri(job)
@@ -325,9 +328,18 @@ class Agent:
             self.settle(preempted=True)
             return EXIT_PREEMPTED
         self.platform.protect(False)
-        log.error("job %s: failed with exit status %d (receive %d); left for redelivery and the dead-letter queue",
-                  job.job_id, rc, msg.receive_count)
-        self.queue.fail(msg)
+        what = "timeout" if self._timed_out else "failed"
+        retry, why = retry_decision(job.retries, job.attempts, rc)
+        if retry:
+            self.hand_back(msg, uri, {"outcome": what, "exit_status": rc, "node": self._node_name(),
+                                      "message_id": msg.id, "started": started, "ended": time.time(),
+                                      "step": self._saved_step(uri) if tail else None})
+            log.error("job %s: %s with exit status %d (attempt %d); queued again: %s", job.job_id, what, rc,
+                      attempt, why)
+        else:
+            log.error("job %s: %s with exit status %d (attempt %d); moved to the dead-letter queue: %s",
+                      job.job_id, what, rc, attempt, why)
+            self.queue.dead_letter(msg, f"job {job.job_id}: {what} with exit status {rc}; {why}")
         return EXIT_FAILED
 
     def hand_back(self, msg: Message, uri: str, attempt: dict) -> None:
