@@ -89,18 +89,13 @@ def test_visibility_extension_respects_the_in_flight_limit():
     assert visibility_extension(1000.0 + cap, 1000.0, 600, cap) == 0
 
 
-def test_invalid_jobs_are_logged_and_left_for_the_dead_letter_queue(aws, tmp_path, caplog):
+def test_invalid_jobs_are_logged_and_dead_lettered_at_once(aws, tmp_path, caplog):
     sqs, url, dlq = aws
-    sqs.set_queue_attributes(QueueUrl=url, Attributes={"VisibilityTimeout": "1"})
     sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"job_id": "bad", "args": ["--steps", "0"]}))
     a = agent(url, tmp_path, "a")
     assert a.serve(once=True) == 1
-    assert "invalid job, left for the dead-letter queue: job bad: --steps: '0' is not allowed" in caplog.text
-    assert counts(sqs, url) == (0, 1)  # not deleted: hidden until its visibility ends
-    time.sleep(1.2)
-    assert a.serve(once=True) == 1     # second receive: maxReceiveCount reached
-    time.sleep(1.2)
-    assert a.serve(once=True) == 0     # the third receive finds nothing: the message moved on
+    assert "invalid job, moved to the dead-letter queue: job bad: --steps: '0' is not allowed" in caplog.text
+    assert counts(sqs, url) == (0, 0)  # not left to redelivery
     (moved,) = sqs.receive_message(QueueUrl=dlq)["Messages"]
     assert json.loads(moved["Body"])["job_id"] == "bad"
 
@@ -210,17 +205,14 @@ def test_a_requested_stop_before_train_handles_signals_counts_as_preempted():
 
 
 @pytest.mark.slow
-def test_job_failing_max_receive_count_times_ends_in_the_dead_letter_queue(aws, tmp_path, caplog):
+def test_a_failed_job_without_retries_is_dead_lettered_after_one_run(aws, tmp_path, caplog):
     sqs, url, dlq = aws
     send(sqs, url, "broken", [*TRAIN, "--steps", "2", "--model", "no_such_module:factory"])
     a = agent(url, tmp_path, "a", visibility_s=1, wait_s=5)
     assert a.serve(once=True) == 1
-    assert "job broken: failed with exit status 2 (receive 1)" in caplog.text
-    assert a.serve(once=True) == 1
-    assert "(receive 2)" in caplog.text
-    time.sleep(1.2)
-    assert a.serve(once=True) == 0
+    assert "job broken: failed with exit status 2 (attempt 1); moved to the dead-letter queue" in caplog.text
     assert counts(sqs, url) == (0, 0)
+    assert a.serve(once=True) == 0  # nothing redelivered
     (dead,) = sqs.receive_message(QueueUrl=dlq)["Messages"]
     assert json.loads(dead["Body"])["job_id"] == "broken"
 

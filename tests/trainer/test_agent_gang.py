@@ -31,6 +31,12 @@ from trainer.loop.storage import open_store
 STEPS = 3
 
 
+def outcomes(sqs, url) -> list[str]:
+    """The attempt history of the one visible message, which stays visible."""
+    (m,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
+    return [a["outcome"] for a in json.loads(m["Body"])["attempts"]]
+
+
 def test_gang_command_and_assignment_format():
     gang = Gang(("10.0.0.9", "10.0.0.10"), 1)
     assert gang_command(["--steps", "2"], gang, "j-1-abc", 29401, 8, 90)[1:] == [
@@ -245,7 +251,8 @@ def test_notice_on_a_worker_stops_the_gang_and_hands_the_job_back(cluster, tmp_p
         autoscaling.stub.assert_no_pending_responses()  # the worker's terminate hook: CONTINUE
     assert result == [75] and head_rc == 75, head_err
     assert "job llm-4: stopped after a checkpoint; message handed back" in head_err
-    assert counts(sqs, url) == (1, 0)  # visible again at once
+    assert counts(sqs, url) == (1, 0)  # visible again at once: a fresh message with its history
+    assert outcomes(sqs, url) == ["handed back"]  # the head itself is not going away
     assert assignment() is None
     assert not protected(head_id)  # the head is not going away: it may take the job again
     stopped = steps(metrics)[-1]["step"]

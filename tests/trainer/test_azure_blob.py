@@ -125,11 +125,11 @@ def test_sharded_checkpoints_resume_exactly_from_blob(env, tmp_path, monkeypatch
     whole = tmp_path / "whole.jsonl"
     assert main(["train", *args, "--checkpoint-uri", str(tmp_path / "local"), "--metrics-file", str(whole)]) == EXIT_OK
     metrics = tmp_path / "m.jsonl"
-    monkeypatch.setattr(hooks, "SIGTERM_AT_FETCH", 7)  # in step 4; agreed after step 5
+    monkeypatch.setattr(hooks, "SIGTERM_AT_FETCH", 7)  # in step 4, a checkpoint step: its checkpoint stands
     assert main(["train", *args, "--checkpoint-uri", uri, "--metrics-file", str(metrics)]) == EXIT_PREEMPTED
     checkpoints = Checkpointer(open_store(uri), 3)
-    assert checkpoints.steps() == [5, 4, 2] and checkpoints.manifest(5)["format"] == SHARDED_FORMAT
-    assert "step-000000005/__0_0.distcp" in checkpoints.store.list("step-000000005/")
+    assert checkpoints.steps() == [4, 2] and checkpoints.manifest(4)["format"] == SHARDED_FORMAT
+    assert "step-000000004/__0_0.distcp" in checkpoints.store.list("step-000000004/")
     assert main(["train", *args, "--checkpoint-uri", uri, "--metrics-file", str(metrics)]) == EXIT_OK
 
     def losses(path):
@@ -150,3 +150,18 @@ def test_code_bundles_go_to_the_checkpoints_container_once(env, tmp_path):
     assert bundle.upload(bundle.pack(work), "az://checkpoints") == (uri, False)
     unpacked = bundle.unpack(bundle.fetch(uri, tmp_path / "cache"), tmp_path / "code")
     assert (unpacked / "train.py").read_text() == (work / "train.py").read_text()
+
+
+def test_create_refuses_an_existing_blob_so_the_lease_has_one_holder_per_generation(env):
+    from trainer.loop.lease import Lease
+
+    store = open_store(f"az://checkpoints/{_job()}")
+    store.create("k", b"one")
+    with pytest.raises(FileExistsError):
+        store.create("k", b"two")
+    assert store.read_bytes("k") == b"one"
+    first, second = Lease(store), Lease(store)
+    assert (first.acquire(), second.acquire()) == (1, 2)
+    second.check()
+    with pytest.raises(Exception, match="taken over by another runner"):
+        first.check()

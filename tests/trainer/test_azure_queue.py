@@ -116,6 +116,14 @@ def test_too_many_deliveries_move_the_message_to_the_poison_queue(queue_url):
     assert q.client.peek_messages() == []
 
 
+def test_dead_letter_moves_the_message_to_the_poison_queue_at_once(queue_url):
+    q = AzureJobQueue(queue_url, poll_s=0.1)
+    q.send("out of retries")
+    q.dead_letter(q.receive(wait_s=5), "2 failure(s), retries.on_error is 1")
+    assert q.receive(wait_s=0) is None
+    assert [m.content for m in q.poison.peek_messages()] == ["out of retries"]
+
+
 @pytest.mark.parametrize("url", [
     "https://acc.queue.core.windows.net/",
     "https://acc.queue.core.windows.net/a/b",

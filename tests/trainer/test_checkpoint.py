@@ -11,7 +11,7 @@ import pytest
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer import EXIT_OK
 from trainer.__main__ import main
-from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
+from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint, NoValidCheckpoint
 from trainer.loop.storage import LocalStore, open_store
 
 
@@ -80,11 +80,13 @@ def test_corrupt_newest_falls_back_to_the_previous_with_a_warning(tmp_path, capl
     assert "step-000000002 is corrupt" in caplog.text
 
 
-def test_nothing_valid_means_a_fresh_start(tmp_path):
+def test_no_checkpoint_means_a_fresh_start_and_only_corrupt_ones_are_refused(tmp_path):
     store = LocalStore(tmp_path)
+    assert Checkpointer(store, keep=3).load_latest() is None
     Checkpointer(store, keep=3).save(1, {"a.pt": b"x"})
     store.write_bytes("step-000000001/a.pt", b"y")
-    assert Checkpointer(store, keep=3).load_latest() is None
+    with pytest.raises(NoValidCheckpoint, match="every checkpoint at .* is corrupt \\(steps 1\\)"):
+        Checkpointer(store, keep=3).load_latest()
 
 
 @pytest.mark.slow

@@ -37,6 +37,12 @@ from trainer.node.rendezvous import Board
 STEPS = 30
 
 
+def outcomes(sqs, url) -> list[str]:
+    """The attempt history of the one visible message, which stays visible."""
+    (m,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"]
+    return [a["outcome"] for a in json.loads(m["Body"])["attempts"]]
+
+
 @pytest.fixture
 def aws(moto_endpoint):
     sqs = boto3.client("sqs")
@@ -106,7 +112,7 @@ def test_preempted_job_checkpoints_is_requeued_and_resumed_with_no_step_lost(kin
         thread.join(timeout=300)
         assert result == [75]
         autoscaling.stub.assert_no_pending_responses()  # the terminate hook: CONTINUE once the checkpoint is safe
-    assert counts(sqs, url) == (1, 0)  # handed back at once
+    assert counts(sqs, url) == (1, 0)  # handed back at once (its history: test_a_cancel_stops_a_container...)
     stopped = steps(metrics)[-1]["step"]
     assert stopped < STEPS and saved_step("ex-1") == stopped
     assert (tmp_path / "a" / "jobs" / "ex-1" / "control" / "stop").exists()  # the stop file, beside the SIGTERM
@@ -178,7 +184,7 @@ def test_a_cancel_stops_a_container_within_its_grace(aws, docker, tmp_path, capl
     assert "job stubborn: exited 137 after the stop, not 75" in caplog.text  # SIGKILL once the grace ran out
     assert (tmp_path / "a" / "jobs" / "stubborn" / "control" / "stop").exists()
     assert docker.docker("ps", "-aq").stdout.strip() == ""  # stopped and removed
-    assert counts(sqs, url) == (1, 0)
+    assert counts(sqs, url) == (1, 0) and outcomes(sqs, url) == ["preempted"]
 
 
 class RegistryPlatform(Platform):

@@ -152,16 +152,19 @@ def test_a_reclaimed_job_is_handed_back_through_cmq_and_finished_by_another_agen
         assert final_state(f"cos://{BUCKET}/jobs/bert-1/")[0] == STEPS
 
 
-def test_a_job_failing_three_times_goes_to_the_dead_letter_queue_without_waiting_for_visibility(
+def test_a_job_out_of_retries_goes_to_the_dead_letter_queue_without_waiting_for_visibility(
         tmp_path, cos, caplog):
     with FakeCmq() as cmq:
         cmq.create("jobs-dead")
         cmq.create("jobs", visibility_s=3600, dead_letter="jobs-dead", max_receives=3)
-        send(cmq, "broken", [*TRAIN, "--steps", "2", "--model", "no_such_module:factory"])
+        CmqJobQueue(cmq.url("jobs"), credentials_provider=StaticCredentials(KEY)).send(json.dumps({
+            "spec": 1, "job_id": "broken", "kind": "trainer", "retries": {"on_error": 2},
+            "args": [*TRAIN, "--steps", "2", "--model", "no_such_module:factory"]}))
         a = agent(cmq, tmp_path, "a", platform=Platform())
         for n in (1, 2, 3):
             assert a.serve(once=True) == 1
-            assert f"job broken: failed with exit status 2 (receive {n})" in caplog.text
+            assert f"job broken: failed with exit status 2 (attempt {n})" in caplog.text
+        assert "moved to the dead-letter queue: 3 failure(s), retries.on_error is 2" in caplog.text
         assert a.serve(once=True) == 0  # nothing left: the third failure dead-lettered it
         (dead,) = cmq.bodies("jobs-dead")
         assert json.loads(dead)["job_id"] == "broken" and cmq.counts("jobs") == (0, 0)

@@ -344,6 +344,26 @@ class S3Store(Store):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    conditional_create = True  # False where the endpoint ignores If-None-Match (see trainer.clouds.tencent)
+
+    def create(self, key: str, data: bytes) -> None:
+        """A conditional PutObject (If-None-Match: *): S3 refuses it with 412 if the key exists. Where the
+        endpoint has no such condition, a look then a write, which two writers at the same moment can both pass."""
+        from botocore.exceptions import ClientError
+
+        if not self.conditional_create:
+            if self.exists(key):
+                raise FileExistsError(f"{self.uri}{key}")
+            self.write_bytes(key, data)
+            return
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("PreconditionFailed", "412",
+                                                                              "ConditionalRequestConflict"):
+                raise FileExistsError(f"{self.uri}{key}") from None
+            raise
+
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -424,6 +444,27 @@ class SqsJobQueue(JobQueue):
 
     def send(self, body: str) -> str:
         return self.client.send_message(QueueUrl=self.url, MessageBody=body)["MessageId"]
+
+    def dead_letter_url(self) -> str | None:
+        """The URL of the RedrivePolicy's deadLetterTargetArn queue, or None if the queue has no policy."""
+        attrs = self.client.get_queue_attributes(QueueUrl=self.url, AttributeNames=["RedrivePolicy"])
+        policy = attrs.get("Attributes", {}).get("RedrivePolicy")
+        if not policy:
+            return None
+        arn = json.loads(policy)["deadLetterTargetArn"]  # arn:aws:sqs:<region>:<account>:<name>
+        account, name = arn.split(":")[4:6]
+        return self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"]
+
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        """Send the body to the dead-letter queue, then delete it here. With no RedrivePolicy the message is
+        left to redelivery (said in one line)."""
+        target = self.dead_letter_url()
+        if target is None:
+            log.error("message %s: %s; the queue has no RedrivePolicy, so it is left to redelivery", msg.id, reason)
+            return
+        self.client.send_message(QueueUrl=target, MessageBody=msg.body, MessageAttributes={
+            "gpufleet-reason": {"DataType": "String", "StringValue": reason[:1024]}})
+        self.delete(msg)
 
 
 def open_queue(url: str, region: str | None = None) -> SqsJobQueue:

@@ -153,6 +153,14 @@ class AzureBlobStore(Store):
     def read_bytes(self, key: str) -> bytes:
         return self._download(key).readall()
 
+    def create(self, key: str, data: bytes) -> None:
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            self.container.upload_blob(self._name(key), data, overwrite=False)  # If-None-Match: *
+        except ResourceExistsError:
+            raise FileExistsError(f"{self.uri}{key}") from None
+
     def upload_file(self, key: str, path: str | os.PathLike) -> None:
         with open(path, "rb") as src:
             self.container.upload_blob(self._name(key), src, overwrite=True, max_concurrency=CONCURRENCY)
@@ -314,6 +322,11 @@ class AzureJobQueue(JobQueue):
                 self.client.delete_message(msg.id, receipt)
             except ResourceNotFoundError:
                 pass  # already deleted
+
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        log.error("message %s: moved to the poison queue (%s)", msg.id, reason)
+        self.poison.send_message(msg.body, time_to_live=-1)
+        self.delete(msg)
 
     def send(self, body: str) -> str:
         return self.client.send_message(body, time_to_live=-1).id

@@ -139,6 +139,9 @@ def open_store(uri: str):
     store = S3Store(parsed.netloc, parsed.path, client=cos_client(region_of(settings), credentials(settings)))
     store.uri = f"cos://{parsed.netloc}/{store.prefix}"
     store.conditional = False  # COS documents no If-Match on PUT Object: job records are last-writer-wins here
+    # COS's S3 API documents no If-None-Match on PUT Object: the checkpoint lease (trainer.loop.lease) is taken
+    # with a look then a write there, so two runners starting within the same moment are not told apart.
+    store.conditional_create = False
     return store
 
 
@@ -233,6 +236,10 @@ class CmqJobQueue(JobQueue):
             self._resend(msg, 0, self.dead_letter_queue)
         else:
             self._resend(msg, failures)
+
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        log.error("message %s: moved to %s (%s)", msg.id, self.dead_letter_queue, reason)
+        self._resend(msg, 0, self.dead_letter_queue)
 
     def delete(self, msg: Message) -> None:
         self.cmq.call("DeleteMessage", {"queueName": self.queue, "receiptHandle": msg.receipt})

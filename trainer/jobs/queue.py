@@ -48,6 +48,11 @@ class JobQueue:
         """The job failed for real (or is invalid): leave it to redelivery and the dead-letter queue. SQS and
         Azure redeliver by themselves once the visibility ends; a queue that cannot (TDMQ CMQ) acts here."""
 
+    def dead_letter(self, msg: Message, reason: str) -> None:
+        """Move the message to the queue's dead-letter queue now (a job out of retries, or invalid): SQS the
+        RedrivePolicy's target, Azure ``<queue>-poison``, TDMQ CMQ ``<queue>-dead``."""
+        raise NotImplementedError
+
     def send(self, body: str) -> str:
         raise NotImplementedError
 

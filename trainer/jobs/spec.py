@@ -24,6 +24,12 @@ KINDS = ("trainer", "image", "code")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Variable names that would hold a secret: their values must come from SSM or Key Vault, not the message.
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|API_KEY", re.IGNORECASE)
+# A job's argv and environment travel on an exec: Linux caps one string at 128 KiB (MAX_ARG_STRLEN) and all of
+# them with the node's environment at far less than ARG_MAX on a busy node; a job stays well below.
+MAX_ARGS_BYTES = 96 * 1024
+# The attempt history a hand-back carries forward (the newest kept), so a message never outgrows the queue.
+MAX_ATTEMPTS_KEPT = 100
+ATTEMPT_OUTCOMES = ("preempted", "handed back", "failed", "timeout")
 
 
 @lru_cache(maxsize=1)
@@ -53,7 +59,7 @@ class Job:
     env: dict = field(default_factory=dict)
     timeout: int | None = None
     retries: dict = field(default_factory=lambda: {"on_error": 0, "on_exit_codes": []})
-    attempts: tuple = ()  # the record's attempts so far, on a job queued again (`gpufleet jobs retry`)
+    attempts: tuple[dict, ...] = ()  # earlier attempts that ended without finishing (see with_attempt)
 
     def to_dict(self) -> dict:
         out = {"spec": SPEC_VERSION, "job_id": self.job_id, "kind": self.kind}
@@ -72,6 +78,43 @@ class Job:
         return json.dumps(self.to_dict())
 
 
+def with_attempt(body: str, attempt: dict) -> str:
+    """A job message's body with one more entry in its "attempts" history (the newest MAX_ATTEMPTS_KEPT kept).
+
+    An entry: {"n", "outcome" (one of ATTEMPT_OUTCOMES), "exit_status", "node", "message_id", "started", "ended",
+    "step"}; "n" counts every attempt, kept or not. Every other key of the body is kept as it is.
+    """
+    raw = json.loads(body)
+    attempts = list(raw.get("attempts") or [])
+    n = (attempts[-1].get("n", len(attempts)) if attempts else 0) + 1
+    raw["attempts"] = (attempts + [{"n": n, **attempt}])[-MAX_ATTEMPTS_KEPT:]
+    return json.dumps(raw)
+
+
+FAILURES = ("failed", "timeout")  # the outcomes that count against retries.on_error
+
+
+def retry_decision(retries: dict, attempts: tuple[dict, ...] | list[dict], exit_status: int) -> tuple[bool, str]:
+    """Whether a failed attempt (``exit_status``) is tried again, and why, from the job's retries and its attempt
+    history. An exit status in on_exit_codes always retries and never counts; every other failure or timeout
+    counts against on_error; preemptions and hand-backs never count."""
+    codes = set(retries.get("on_exit_codes") or ())
+    if exit_status in codes:
+        return True, f"exit status {exit_status} is in retries.on_exit_codes"
+    budget = int(retries.get("on_error") or 0)
+    failed = sum(1 for a in attempts if a.get("outcome") in FAILURES and a.get("exit_status") not in codes)
+    if failed < budget:
+        return True, f"retry {failed + 1} of {budget} (retries.on_error)"
+    return False, f"{failed + 1} failure(s), retries.on_error is {budget}"
+
+
+def job_bytes(job: "Job") -> int:
+    """What the job puts on an exec: its args (trainer) or command and env values (image, code)."""
+    strings = list(job.args) if job.kind == "trainer" else [*job.command, *(
+        f"{k}={v}" for k, v in job.env.items() if isinstance(v, str))]
+    return sum(len(s.encode()) + 1 for s in strings)
+
+
 def check_job_id(job_id: object, where: str = "job_id") -> str:
     if not isinstance(job_id, str) or not JOB_ID.match(job_id):
         raise UsageError(f"{where}: {job_id!r} is not allowed; expected 1-128 letters, digits, '.', '_' or '-', "
@@ -81,10 +124,10 @@ def check_job_id(job_id: object, where: str = "job_id") -> str:
 
 def migrate(raw: dict) -> dict:
     """A version-0 message ({"job_id", "args"}, before the spec existed) as version 1: kind trainer."""
-    if set(raw) != {"job_id", "args"}:
-        raise UsageError(f"job message: no \"spec\" field, and not a version-0 message (exactly job_id and args); "
+    if not {"job_id", "args"} <= set(raw) <= {"job_id", "args", "attempts"}:
+        raise UsageError(f"job message: no \"spec\" field, and not a version-0 message (job_id and args); "
                          f"got the keys {sorted(raw)}")
-    return {"spec": SPEC_VERSION, "job_id": raw["job_id"], "kind": "trainer", "args": raw["args"]}
+    return {"spec": SPEC_VERSION, **raw, "kind": "trainer"}
 
 
 def _where(error) -> str:
@@ -139,6 +182,11 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
               code=raw.get("code"), command=tuple(raw.get("command", ())), nodes=raw.get("nodes", 1),
               gpus_per_node=raw.get("gpus_per_node"), env=dict(raw.get("env", {})), timeout=raw.get("timeout"),
               retries=retries, attempts=tuple(raw.get("attempts", ())))
+    size = job_bytes(job)
+    if size > MAX_ARGS_BYTES:
+        what = "args" if job.kind == "trainer" else "command and env"
+        raise UsageError(f"{name}: its {what} are {size} bytes, more than the {MAX_ARGS_BYTES} a command line can "
+                         "safely carry; put long settings in a file the job reads (--config FILE)")
     for key, value in job.env.items():
         if isinstance(value, str) and SECRET_NAME.search(key):
             raise UsageError(f"{name}: env {key}: a secret does not belong in the job message; give the name of an "

@@ -127,9 +127,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--env-from", action="append", default=[], metavar="KEY=ssm:NAME",
                    help="set in the job from an SSM parameter or Key Vault secret (keyvault:NAME) the node reads")
     p.add_argument("--timeout", type=int, metavar="S", help="seconds an attempt may run")
-    p.add_argument("--retries", type=int, default=0, metavar="N", help="retries of a failed attempt (default 0)")
+    p.add_argument("--retries", type=int, default=0, metavar="N", help="failed attempts retried (default 0); preemptions never count")
     p.add_argument("--retry-on", type=int, action="append", default=[], metavar="CODE",
-                   help="retry only on these exit statuses (repeatable; default: any)")
+                   help="exit statuses that always retry, never counting against --retries (repeatable)")
     p.add_argument("--max-nodes", type=int, metavar="N", help="the stack's largest node count (refuses bigger jobs)")
     p.add_argument("--max-bundle-mb", type=float, default=bundle.MAX_BYTES / bundle.MB, metavar="MB",
                    help="limit on the files --workdir packs (default %(default)g MB)")

@@ -8,4 +8,4 @@ def main(argv: list[str]) -> int:
     cfg = parse_args(argv)
     from trainer.loop.train import train  # torch loads only once the flags are good
 
-    return train(cfg)
+    return train(cfg, exiting=True)

@@ -27,6 +27,7 @@ class TrainConfig:
     checkpoint_uri: str = "checkpoints"
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    start_over: bool = False  # when every checkpoint is corrupt: train from step 0 instead of refusing
     seed: int = 0
     metrics_file: str | None = None
     lr: float = 3e-4
@@ -129,6 +130,8 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "checkpoint_uri": (_text, "checkpoint location: a path or s3://bucket/prefix; the run resumes from it"),
     "checkpoint_every": (_int(0), "save every N steps (0: only at the end and on a stop)"),
     "keep_checkpoints": (_int(1), "checkpoints kept"),
+    "start_over": (_bool, "when every checkpoint at --checkpoint-uri is corrupt, train from step 0 "
+                          "instead of stopping (exit 2)"),
     "seed": (_int(0), "random seed"),
     "metrics_file": (_optional(_text), "JSON-lines file, one record per optimizer step (rank 0)"),
     "lr": (_float(0.0, open_min=True), "peak learning rate"),
@@ -159,7 +162,7 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "async_checkpoint": (_bool, "dcp: stage to host memory, then write in the background while training goes on"),
 }
 BOOLEAN_FIELDS = ("pin_memory", "persistent_workers", "reshard_after_forward", "activation_checkpointing", "compile",
-                  "async_checkpoint")
+                  "async_checkpoint", "start_over")
 
 
 def _flag(name: str) -> str:

@@ -175,14 +175,18 @@ class ShardedCheckpoints:
         self.pending: Future | None = None
         self.pending_step: int | None = None
 
-    def save(self, step: int, state: dict, background: bool | None = None) -> float:
+    def save(self, step: int, state: dict, background: bool | None = None, before_commit=None) -> float:
         """Save `state` as step `step`; returns the seconds training was held up (waiting for the save in
-        flight, staging, and for a foreground save the whole write)."""
+        flight, staging, and for a foreground save the whole write). ``before_commit`` runs on the coordinator
+        once every shard is written, before the manifest. A full disk removes this step's shards and raises
+        Fault (one line), as whole-file saves do; the lease fence is checked at the commit."""
         began = time.perf_counter()
         self.wait()
         world = dist.get_world_size(self.group) if self.group is not None else 1
 
         def commit(results) -> None:
+            if before_commit:
+                before_commit()
             self.checkpointer.commit(step, {METADATA: {}, **shard_files(results)}, SHARDED_FORMAT, world=world)
 
         writer = Committing(writer_for(self.checkpointer.store, step_name(step)), commit)
@@ -191,7 +195,12 @@ class ShardedCheckpoints:
                                           async_stager=self.stager)
             self.pending_step = step
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.group)
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self.group)
+            except Exception as exc:
+                if not self.checkpointer.filled_up(exc):
+                    raise
+                raise self.checkpointer.out_of_space(step, self.checkpointer.room_needed()) from None
         return time.perf_counter() - began
 
     def wait(self) -> None:
@@ -199,7 +208,12 @@ class ShardedCheckpoints:
         if self.pending is not None:
             pending, step, self.pending, self.pending_step = self.pending, self.pending_step, None, None
             started = time.perf_counter()
-            pending.result()
+            try:
+                pending.result()
+            except Exception as exc:
+                if not self.checkpointer.filled_up(exc):
+                    raise
+                raise self.checkpointer.out_of_space(step, self.checkpointer.room_needed()) from None
             log.info("checkpoint of step %d committed in the background (waited %.2fs)", step,
                      time.perf_counter() - started)
 

@@ -3,7 +3,9 @@
 A shard is a flat file of fixed-size records (``record_bytes`` each, e.g. token windows). The
 location is listed once, when the dataset is built. S3 reads are ranged GETs of ``block_bytes``
 blocks, kept in a local cache directory (the node's scratch disk) so a second epoch reads no
-object storage. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable: each
+object storage. The cache keeps to CACHE_SHARE of its disk (what it holds plus what was free when a
+process first wrote to it), dropping the least recently used blocks; a full disk drops more and tries
+again, then stops with one line; blocks half-written by a killed process are removed. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable: each
 rank reads its own whole shards, and DataLoader workers take its batches in turn.
 
 ``python -m trainer shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
@@ -13,10 +15,12 @@ files or directories (``write_shards``), and beside them ``.shards.json`` ({"for
 from __future__ import annotations
 
 import bisect
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -27,9 +31,10 @@ from urllib.parse import urlparse
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from trainer.errors import ArgumentParser, UsageError
+from trainer.errors import ArgumentParser, Fault, UsageError
 
 DEFAULT_BLOCK_BYTES = 8 << 20
+CACHE_SHARE = 0.8  # of the cache disk's room (free + cached) the data cache may fill
 DEFAULT_SHARD_BYTES = 64 << 20
 MANIFEST = ".shards.json"
 MAKE_SHARDS = "python -m trainer shards --out LOCATION --record-bytes {n} SOURCE..."
@@ -87,6 +92,8 @@ class _S3Source:
         self._client = None
         self._pid = None
         self._recent: dict[tuple[str, int], bytes] = {}
+        self._used: int | None = None  # this process's tally of the cache's bytes (None: not yet walked)
+        self._limit: int | None = None
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         try:
             self.shards = [Shard(o["Key"], o["Size"], o["ETag"].strip('"'))
@@ -113,7 +120,7 @@ class _S3Source:
         return self._client
 
     def __getstate__(self):
-        return {**self.__dict__, "_client": None, "_pid": None, "_recent": {}}
+        return {**self.__dict__, "_client": None, "_pid": None, "_recent": {}, "_used": None, "_limit": None}
 
     def _block(self, shard: Shard, index: int) -> bytes:
         if (shard.key, index) in self._recent:
@@ -127,6 +134,8 @@ class _S3Source:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other readers of this block wait, then hit the cache
                 if not path.exists():
                     self._download(shard, index, path)
+        else:
+            os.utime(path)  # recently used: evicted last
         data = path.read_bytes()
         self._recent = {**dict(list(self._recent.items())[-1:]), (shard.key, index): data}  # the last two blocks
         return data
@@ -137,8 +146,60 @@ class _S3Source:
         data = self.client.get_object(Bucket=self.bucket, Key=shard.key, Range=f"bytes={start}-{end}",
                                       IfMatch=shard.etag)["Body"].read()
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)  # atomic: readers never see half a block
+        self._make_room(len(data))
+        for attempt in (1, 2):
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, path)  # atomic: readers never see half a block
+                self._used += len(data)
+                return
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                if exc.errno != errno.ENOSPC:
+                    raise
+                if attempt == 2:
+                    raise Fault(f"data cache {self.cache_dir}: no space left for a {len(data) >> 10} KiB "
+                                       "block; free space there or give --data-cache another disk") from None
+                self._limit = max(0, self._tally() - len(data))  # the disk is smaller than it looked: shrink
+                self._make_room(len(data))
+
+    def _cached(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every cached block; half-written blocks of dead processes are removed."""
+        found = []
+        for path in self.cache_dir.glob("*/*"):
+            name = path.name
+            try:
+                if name.endswith(".tmp"):
+                    pid = int(name.rsplit(".", 2)[-2])
+                    if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+                        path.unlink()  # a block a killed process left half-written
+                    continue
+                if name.startswith("."):
+                    continue
+                st = path.stat()
+            except (OSError, ValueError):
+                continue
+            found.append((st.st_mtime, st.st_size, path))
+        return found
+
+    def _tally(self) -> int:
+        self._used = sum(size for _, size, _ in self._cached())
+        return self._used
+
+    def _make_room(self, need: int) -> None:
+        """Keep the cache within its limit: drop least recently used blocks until ``need`` more bytes fit."""
+        if self._used is None:
+            self._tally()
+            self._limit = int(CACHE_SHARE * (shutil.disk_usage(self.cache_dir).free + self._used))
+        if self._used + need <= self._limit:
+            return
+        blocks = sorted(self._cached())
+        self._used = sum(size for _, size, _ in blocks)
+        for _, size, path in blocks:
+            if self._used + need <= self._limit:
+                break
+            path.unlink(missing_ok=True)
+            self._used -= size
 
     def read(self, shard: Shard, offset: int, length: int) -> bytes:
         parts = [self._block(shard, i) for i in blocks(offset, length, self.block_bytes)]

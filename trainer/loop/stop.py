@@ -20,6 +20,7 @@ class StopNotice:
     def __init__(self) -> None:
         self._set = False
         self.reason: str | None = None
+        self.interrupts = 0  # SIGINTs seen (a terminal's Ctrl-C)
 
     def set(self, reason: str) -> None:
         if self.reason is None:
@@ -31,7 +32,8 @@ class StopNotice:
 
 
 def install_signal_handlers(notice: StopNotice) -> Callable[[], None]:
-    """SIGTERM and SIGINT set the notice (a second SIGINT interrupts at once). Returns a restore function.
+    """SIGTERM and SIGINT set the notice; a second SIGINT (two interactive interrupts, whatever else set the
+    notice) interrupts at once. Returns a restore function.
 
     Only the main thread may install handlers; elsewhere this does nothing.
     """
@@ -39,8 +41,10 @@ def install_signal_handlers(notice: StopNotice) -> Callable[[], None]:
         return lambda: None
 
     def handle(signum, frame):
-        if signum == signal.SIGINT and notice.is_set():
-            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            notice.interrupts += 1
+            if notice.interrupts > 1:
+                raise KeyboardInterrupt
         notice.set(signal.Signals(signum).name)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -50,6 +54,13 @@ def install_signal_handlers(notice: StopNotice) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def ignore_stop_signals() -> None:
+    """From here to the process's exit, SIGTERM and SIGINT change nothing (the run's outcome is decided)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def agree(loss: torch.Tensor, notice: StopNotice) -> torch.Tensor:

@@ -16,6 +16,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -23,6 +24,7 @@ from trainer.clouds import adapter
 from trainer.errors import UsageError
 
 MiB = 1024 * 1024
+LEFTOVER_AGE_S = 60  # a temporary file untouched this long, and unlocked, is a killed write's
 
 
 class Conflict(Exception):
@@ -71,6 +73,18 @@ class Store:
         Conflict when it is not."""
         raise NotImplementedError
 
+    def create(self, key: str, data: bytes) -> None:
+        """Write key only if it does not exist yet (atomically); raises FileExistsError if it does."""
+        raise NotImplementedError
+
+    def free_bytes(self) -> int | None:
+        """Room left for new keys where the store has a limit (a local disk), else None."""
+        return None
+
+    def clean_leftovers(self) -> list[str]:
+        """Remove what a killed writer left behind (not another process's write in progress); the names removed."""
+        return []
+
 
 class LocalStore(Store):
     """A directory. Writes go to a temporary file, are fsynced and renamed, so readers never see half a file."""
@@ -85,19 +99,22 @@ class LocalStore(Store):
             raise ValueError(f"key {key!r} escapes the store root {self.root}")
         return path
 
-    def _atomic_write(self, key: str, copy) -> None:
+    def _atomic_write(self, key: str, copy, exclusive: bool = False) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:
+                fcntl.flock(out, fcntl.LOCK_EX)  # held while written: clean_leftovers skips a locked .tmp file
                 copy(out)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
+                if exclusive:
+                    os.link(tmp, path)  # FileExistsError if the key exists; the temporary name goes below
+                else:
+                    os.replace(tmp, path)
+        finally:
             Path(tmp).unlink(missing_ok=True)
-            raise
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self._atomic_write(key, lambda out: out.write(data))
@@ -159,6 +176,34 @@ class LocalStore(Store):
                 raise Conflict(f"{self.uri}/{key}: at version {current}, not {version}")
             self.write_bytes(key, data)
         return hashlib.sha256(data).hexdigest()
+
+    def create(self, key: str, data: bytes) -> None:
+        self._atomic_write(key, lambda out: out.write(data), exclusive=True)
+
+    def free_bytes(self) -> int | None:
+        existing = next((p for p in (self.root, *self.root.parents) if p.exists()), self.root)
+        return shutil.disk_usage(existing).free
+
+    def clean_leftovers(self) -> list[str]:
+        """Temporary files of writes that were killed: those no live writer holds the lock of."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for dirpath, _, files in os.walk(self.root):
+            for name in files:
+                if not (name.startswith(".") and name.endswith(".tmp")):
+                    continue
+                path = Path(dirpath, name)
+                try:
+                    if time.time() - path.stat().st_mtime < LEFTOVER_AGE_S:  # may be a write just starting
+                        continue
+                    with open(path, "rb") as f:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live writer holds it: not ours to touch
+                        path.unlink()
+                except (BlockingIOError, FileNotFoundError):
+                    continue
+                removed.append(path.relative_to(self.root).as_posix())
+        return removed
 
 
 # Object-store URIs of the clouds: scheme (or https host suffix) -> the trainer.clouds module that opens them.

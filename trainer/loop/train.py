@@ -23,14 +23,15 @@ import torch
 import torch.distributed as dist
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
-from trainer.errors import UsageError
+from trainer.errors import Fault, UsageError
 from trainer.loop import flops, parallel
-from trainer.loop.checkpoint import FORMAT, Checkpointer, from_bytes, to_bytes
+from trainer.loop.checkpoint import FORMAT, Checkpointer, NoValidCheckpoint, from_bytes, to_bytes
 from trainer.loop.config import TrainConfig, resume_changes
+from trainer.loop.lease import Lease
 from trainer.loop.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.notices import start_watchers
-from trainer.loop.stop import StopNotice, agree, install_signal_handlers
+from trainer.loop.stop import StopNotice, agree, ignore_stop_signals, install_signal_handlers
 from trainer.loop.storage import open_store
 from trainer.node import node_schema
 
@@ -141,11 +142,14 @@ class Trainer:
     checkpoints: Checkpointer
     sharded: ShardedCheckpoints | None = None  # DCP checkpoints (trainer.loop.sharded), else whole files
 
-    def save(self, step: int, background: bool = False) -> float:
+    def save(self, step: int, background: bool = False, before_commit=None) -> float:
         """Checkpoint step `step`; every rank takes part. All ranks' RNG states are gathered into it.
 
         Whole files: rank 0 writes them and every rank waits for the commit. Sharded: every rank writes its
         shard, in the background if asked (after any save in flight). Returns the seconds training was held up.
+        ``before_commit`` runs once on every rank; on rank 0 after the parts (or every rank's shards) are
+        written, before the commit (a background save runs it once staged). A runner the lease fenced stops
+        on every rank before anything is written; a save the store has no room for, before the parts.
         """
         began = time.perf_counter()
         rngs = [from_bytes(b) for b in all_gather_bytes(to_bytes(rng_state(self.ranks.device)), self.ranks)]
@@ -156,22 +160,53 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import get_state_dict
 
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            estimate = self.ranks.world * parallel_bytes(model_state, optim_state)
+            self.check_before_save(lambda: self.checkpoints.check_room(estimate=estimate))
+            coordinator = before_commit if self.ranks.rank == 0 and not background else None
             blocked = self.sharded.save(step, {"model": model_state, "optim": optim_state,
-                                               "trainer": to_bytes({**state, **optim})}, background)
+                                               "trainer": to_bytes({**state, **optim})}, background, coordinator)
             log.info("checkpoint of step %d %s in %.2fs", step,
                      "staged, writing in the background" if background else "saved", blocked)
+            if before_commit and coordinator is None:
+                before_commit()
             return time.perf_counter() - began
+        parts = {}
         if self.ranks.rank == 0:
-            started = time.perf_counter()
-            self.checkpoints.save(step, {
+            parts = {
                 "model.pt": self.model.state_dict(),
                 "optim.pt": {"optimizer": self.optimizer.state_dict(), **optim},
                 "trainer.pt": state,
-            })
+            }
+        self.check_before_save(lambda: self.checkpoints.check_room(parts))  # one line, older checkpoints intact
+        if self.ranks.rank != 0 and before_commit:
+            before_commit()
+        if self.ranks.rank == 0:
+            started = time.perf_counter()
+            self.checkpoints.save(step, parts, before_commit=before_commit)
             log.info("checkpoint of step %d saved in %.2fs", step, time.perf_counter() - started)
         if self.ranks.world > 1:
             dist.barrier()
         return time.perf_counter() - began
+
+    def check_before_save(self, room) -> None:
+        """On rank 0, which holds the location's lease: whether a newer runner took the location over, and
+        ``room()`` (whether the save fits). Every rank learns the answer, so every rank stops with the same
+        one line (Fault) before anything is written."""
+        problem = None
+        if self.ranks.rank == 0:
+            try:
+                self.checkpoints.check_fence()
+                room()
+            except Fault as exc:
+                problem = exc
+        if self.ranks.world > 1:
+            flag = torch.tensor([1 if problem else 0], device=self.ranks.device)
+            dist.broadcast(flag, src=0)
+            if flag.item() and problem is None:
+                problem = Fault(f"checkpoint location {self.checkpoints.store.uri}: rank 0 stopped the save "
+                                "(its log says why)")
+        if problem is not None:
+            raise problem
 
     def check_resume(self, state: dict, step: int) -> list[str]:
         """Refuse a resume whose checkpoint was written with other values of the flags that shape the run (one
@@ -183,13 +218,29 @@ class Trainer:
         return applied
 
     def resume(self) -> tuple[int, dict | None]:
-        """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state)."""
-        found = self.checkpoints.latest() if self.ranks.rank == 0 else None
+        """Load the newest valid checkpoint (rank 0 picks it); returns (its step, this rank's RNG state).
+
+        Every checkpoint corrupt: UsageError on every rank, unless --start-over says to start from step 0.
+        """
+        found, refused = None, None
+        if self.ranks.rank == 0:
+            try:
+                found = self.checkpoints.latest()
+            except NoValidCheckpoint as exc:
+                if not self.cfg.start_over:
+                    refused = str(exc)
+                else:
+                    log.warning("%s: starting over from step 0 (--start-over)", exc)
         step, fmt = (found[0], found[1]["format"]) if found else (None, None)
         if self.ranks.world > 1:
-            box = torch.tensor([-1 if step is None else step, fmt or 0], device=self.ranks.device)
+            box = torch.tensor([-2 if refused else -1 if step is None else step, fmt or 0], device=self.ranks.device)
             dist.broadcast(box, src=0)
+            if box[0].item() == -2:
+                refused = refused or "every checkpoint is corrupt (rank 0 says which)"
             step, fmt = (None, None) if box[0].item() < 0 else (int(box[0].item()), int(box[1].item()))
+        if refused:
+            raise UsageError(f"{refused}; nothing to resume from: rerun with --start-over to train from step 0, "
+                             "or give another --checkpoint-uri")
         if step is None:
             return 0, None
         if fmt == FORMAT:
@@ -280,16 +331,24 @@ def node_settings() -> dict:
     return node_schema.load(NODE_JSON, required=False)
 
 
-def train(cfg: TrainConfig, notice: StopNotice | None = None) -> int:
+def train(cfg: TrainConfig, notice: StopNotice | None = None, exiting: bool = False) -> int:
+    """``exiting``: the process ends after this (the CLI): from the end of the run on, stop signals are
+    ignored, so that a SIGTERM storm that outlasts the stop checkpoint cannot turn exit 75 into -15."""
     notice = notice or StopNotice()
     restore_signals = install_signal_handlers(notice)
     ranks = setup_ranks(sharded=cfg.parallel == "fsdp")
     try:
         if ranks.local_rank == 0:
             start_watchers(notice, node_settings())
-        return run(cfg, ranks, notice)
+        status = run(cfg, ranks, notice)
+        if ranks.world > 1:
+            dist.barrier()  # no rank tears its process group down while a peer is still in a collective
+        return status
     finally:
-        restore_signals()
+        if exiting:
+            ignore_stop_signals()
+        else:
+            restore_signals()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -318,6 +377,7 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
     optimizer = trainer.optimizer
     if ranks.rank == 0:
         trainer.checkpoints.probe()
+        take_location(trainer.checkpoints, model)
     start, rng = trainer.resume()
     if start >= cfg.steps:
         log.info("the checkpoint at %s is already at step %d of %d", cfg.checkpoint_uri, start, cfg.steps)
@@ -360,6 +420,18 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             progress.update(record)
         return stop_votes > 0
 
+    def save_with_record(result: StepResult, background: bool = False) -> bool:
+        """Checkpoint result.step; its record is written before the commit (a background save: once staged),
+        so that a kill after the commit cannot lose it. True if any rank must stop."""
+        began, votes = time.perf_counter(), []
+
+        def record() -> None:
+            result.checkpoint_s = time.perf_counter() - began
+            votes.append(publish(result))
+
+        trainer.save(result.step, background=background, before_commit=record)
+        return votes[0]
+
     stop = False
     done = start
     pending: StepResult | None = None
@@ -400,13 +472,18 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             if stop:
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                pending.checkpoint_s = trainer.save(step, background=cfg.dcp and cfg.async_checkpoint)
-        stop = stop or pending.stats[1].item() > 0  # the last step's votes; its record waits for the final save
-        if stop and done < cfg.steps:
-            log.warning("stop requested (%s): saving a checkpoint of step %d", notice.reason or "by another rank", done)
-        # in the foreground: a save in flight is waited for first, and the run ends only once this one commits
-        pending.checkpoint_s = trainer.save(done)
-        publish(pending)
+                stop, pending = save_with_record(pending, background=cfg.dcp and cfg.async_checkpoint), None
+                if stop:
+                    log.warning("stop requested (%s): the checkpoint of step %d stands", notice.reason or
+                                "by another rank", done)
+                    break
+        if pending is not None:
+            stop = stop or pending.stats[1].item() > 0  # the last step's votes; its record waits for the final save
+            if stop and done < cfg.steps:
+                log.warning("stop requested (%s): saving a checkpoint of step %d", notice.reason or "by another rank",
+                            done)
+            # in the foreground: a save in flight is waited for first, and the run ends only once this one commits
+            save_with_record(pending)
     finally:
         if trainer.sharded is not None:
             trainer.sharded.close()
@@ -416,6 +493,30 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
             progress.close()
         metrics.close()
     return EXIT_PREEMPTED if stop and done < cfg.steps else EXIT_OK
+
+
+def take_location(checkpoints: Checkpointer, model: torch.nn.Module) -> None:
+    """Rank 0 owns the checkpoint location: take its lease (a superseded runner is fenced at its next save),
+    clean what killed writers left, and check before step 1 that a save will have room (about the model
+    and AdamW's two moments when there is no checkpoint yet)."""
+    lease = Lease(checkpoints.store)
+    lease.acquire()
+    checkpoints.fence = lease.check
+    checkpoints.clean_leftovers()
+    checkpoints.check_room(estimate=3 * sum(t.numel() * t.element_size() for t in model.state_dict().values()))
+
+
+def parallel_bytes(*states) -> int:
+    """Tensor bytes of this rank's shards of (nested) state dicts: about its share of a sharded save."""
+    total = 0
+    for state in states:
+        for value in (state.values() if isinstance(state, dict) else state):
+            if isinstance(value, dict):
+                total += parallel_bytes(value)
+            elif isinstance(value, torch.Tensor):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                total += local.numel() * local.element_size()
+    return total
 
 
 def token_count(inputs: torch.Tensor) -> int:

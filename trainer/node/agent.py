@@ -4,9 +4,21 @@ Queue mode, one job at a time: receive a message, check it against the job spec 
 protect the instance from scale-in, keep the message hidden with a heartbeat, run the job (kind trainer:
 torchrun over all local GPUs, one process without GPUs; kind image: a container under the node's Docker;
 kind code: the bundle unpacked into the job's work directory, run with the node's Python; see
-trainer.node.runner for the environment and the stop contract), then: done -> delete the message; preempted (exit 75, checkpoint safe) -> hand the
-message back at once and complete the terminate lifecycle action; failed -> leave the message to
-redelivery and the dead-letter queue. An invalid job is logged and left for the dead-letter queue.
+trainer.node.runner for the environment and the stop contract), then: done -> delete the message; preempted
+(exit 75, checkpoint safe) -> hand the job back at once and complete the terminate lifecycle action; failed
+(or stopped at its timeout) -> queued again like a hand-back (outcome "failed"/"timeout") while the job's
+``retries`` allow (trainer.jobs.spec.retry_decision: on_error counts the failures in its attempt history, an
+exit status in on_exit_codes always retries), else moved to the dead-letter queue at once (JobQueue.dead_letter).
+An invalid job is dead-lettered at once with one log line. No exception escapes the handling of a message, and
+scale-in protection is always released.
+
+A hand-back never counts against the queue's failure budget (SQS's maxReceiveCount counts receives, and a
+message made visible again keeps its count): it sends a fresh message, the same body with one more entry in
+its "attempts" history (trainer.jobs.spec.with_attempt), then marks the old message superseded in the job's
+checkpoint location (``agent/superseded/<message id>``), then deletes it. A fault between two of these leaves
+a duplicate at worst: a copy marked superseded is deleted when it is next received, and an unmarked one
+resumes from the same checkpoint (the trainer's lease on the location fences the older runner). When
+heartbeats keep failing, the job is stopped at a checkpoint while its message is still hidden.
 
 Gang mode (node.json "mode": "gang"; every node of the group runs the agent): the nodes form the gang
 from the autoscaling group (trainer.node.rendezvous: head = lowest private IP). Only the head receives; it
@@ -36,7 +48,7 @@ from trainer import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from trainer.clouds import explain
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import JobQueue, Message, open_queue
-from trainer.jobs.spec import Job, parse_job, validate
+from trainer.jobs.spec import Job, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
 from trainer.node.registry import write_config_dir
@@ -49,6 +61,8 @@ log = logging.getLogger("gpufleet.agent")
 NODE_JSON = node_schema.PATH
 EXIT_FAILED = 1
 CAP_MARGIN_S = 300  # hand the message back this long before SQS's in-flight limit
+LAPSE_MARGIN = 0.5  # heartbeats failing: stop the job once less than this share of the visibility is left
+SUPERSEDED = "agent/superseded/"  # under a job's checkpoint URI: messages a hand-back replaced
 RETRY_S = 10
 GANG_POLL_S = 2.0  # how often a gang node looks at the assignment object
 FAIL_FAST_GRACE_S = 30  # a gang part stopped because another part failed: SIGTERM, SIGKILL after this
@@ -121,10 +135,15 @@ def _die_with_parent() -> None:
 
 
 class Heartbeat:
-    """Keeps a message hidden while its job runs; near SQS's in-flight limit it calls ``on_limit`` once."""
+    """Keeps a message hidden while its job runs. Near SQS's in-flight limit it calls ``on_limit`` once; when
+    failed beats leave less than LAPSE_MARGIN of the visibility, it calls ``on_lapse`` once, so that the job
+    stops at a checkpoint before another agent can receive the message."""
 
-    def __init__(self, queue: JobQueue, msg: Message, visibility_s: int, on_limit):
+    def __init__(self, queue: JobQueue, msg: Message, visibility_s: int, on_limit, on_lapse=None):
         self.queue, self.msg, self.visibility_s, self.on_limit = queue, msg, visibility_s, on_limit
+        self.on_lapse = on_lapse or on_limit
+        self.hidden_until = time.monotonic() + visibility_s  # the receive hid it at least this long
+        self.lapsing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -134,10 +153,18 @@ class Heartbeat:
                                        self.queue.max_in_flight_s)
         if seconds == 0:
             return False
+        now = time.monotonic()
         try:
             self.queue.extend(self.msg, seconds)
-        except Exception as exc:  # a missed beat is retried; the job must not die of it
+            self.hidden_until = now + seconds
+        except Exception as exc:  # a missed beat is retried while the message stays hidden long enough
             log.warning("heartbeat for message %s failed: %s", self.msg.id, exc)
+            left = self.hidden_until - time.monotonic()
+            if left < LAPSE_MARGIN * self.visibility_s and not self.lapsing:
+                self.lapsing = True
+                log.error("message %s: heartbeats failing, %.0f s of its visibility left: stopping the job at a "
+                          "checkpoint before another agent can receive it", self.msg.id, max(0.0, left))
+                self.on_lapse()
         return True
 
     def _run(self) -> None:
@@ -245,42 +272,121 @@ class Agent:
         return job
 
     def handle(self, msg: Message) -> int:
+        """One message, whatever happens: no exception escapes, and scale-in protection is released (or left to
+        the platform's terminate hook)."""
+        try:
+            return self._handle(msg)
+        except Exception as exc:
+            log.error("message %s (receive %d): the agent could not handle it (%s: %s); left for redelivery",
+                      msg.id, msg.receive_count, type(exc).__name__, exc)
+            try:
+                self.platform.protect(False)
+            except Exception as inner:
+                log.error("releasing scale-in protection failed: %s", inner)
+            return EXIT_FAILED
+
+    def _handle(self, msg: Message) -> int:
         try:
             job = self.check(msg)
         except UsageError as exc:
-            log.error("message %s (receive %d): invalid job, left for the dead-letter queue: %s",
+            log.error("message %s (receive %d): invalid job, moved to the dead-letter queue: %s",
                       msg.id, msg.receive_count, exc)
-            self.queue.fail(msg)
+            self.queue.dead_letter(msg, f"invalid job: {exc}")
             return EXIT_FAILED
-        log.info("job %s: claimed (message %s, receive %d, kind %s)", job.job_id, msg.id, msg.receive_count, job.kind)
-        self.platform.protect(True)
-        heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit).start()
         metrics = self.metrics_path(job.job_id) if job.kind == "trainer" else None
-        tail = self._tail(job_args(job, self.bucket, metrics)[2]) if metrics else None
+        uri = self.job_uri(job)
+        if self._superseded(msg, uri):
+            self.queue.delete(msg)
+            log.info("job %s: message %s is a copy a hand-back superseded; deleted", job.job_id, msg.id)
+            return EXIT_OK
+        attempt = len(job.attempts) + msg.receive_count  # every run so far: hand-backs and redeliveries
+        log.info("job %s: claimed (message %s, receive %d, attempt %d, kind %s)", job.job_id, msg.id,
+                 msg.receive_count, attempt, job.kind)
+        started = time.time()
+        self.platform.protect(True)
+        heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit, self._lapsing).start()
         try:
-            rc = self.launch(job, msg.receive_count)
+            tail = self._tail(job_args(job, self.bucket, metrics)[2]) if metrics else None
+            try:
+                rc = self.launch(job, attempt)
+            finally:
+                if tail:
+                    tail.close()
         finally:
             heartbeat.stop()
-            if tail:
-                tail.close()
         if rc == EXIT_OK:
             self.queue.delete(msg)
             self.platform.protect(False)
             log.info("job %s: done; message deleted", job.job_id)
             return EXIT_OK
         if rc == EXIT_PREEMPTED:
-            self.queue.release(msg)  # checkpoint safe: another node may resume it now
-            uri = job_args(job, self.bucket, metrics)[1] if metrics else self.checkpoint_uri(job)
-            lost = self._steps_lost(uri, tail.last_step) if tail else 0
+            saved = self._saved_step(uri) if tail else None
+            reason = "preempted" if self.stopping or self.going_away() else "handed back"
+            self.hand_back(msg, uri, {"outcome": reason, "exit_status": rc, "node": self._node_name(),
+                                      "message_id": msg.id, "started": started, "ended": time.time(),
+                                      "step": saved})
+            lost = max(0, (tail.last_step or 0) - (saved or 0)) if tail else 0
             self.emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
-            log.info("job %s: stopped after a checkpoint; message handed back (%d steps lost)", job.job_id, lost)
+            log.info("job %s: stopped after a checkpoint; message handed back as a fresh one (%d steps lost)",
+                     job.job_id, lost)
             self.settle(preempted=True)
             return EXIT_PREEMPTED
         self.platform.protect(False)
-        log.error("job %s: failed with exit status %d (receive %d); left for redelivery and the dead-letter queue",
-                  job.job_id, rc, msg.receive_count)
-        self.queue.fail(msg)
+        what = "timeout" if self._timed_out else "failed"
+        retry, why = retry_decision(job.retries, job.attempts, rc)
+        if retry:
+            self.hand_back(msg, uri, {"outcome": what, "exit_status": rc, "node": self._node_name(),
+                                      "message_id": msg.id, "started": started, "ended": time.time(),
+                                      "step": self._saved_step(uri) if tail else None})
+            log.error("job %s: %s with exit status %d (attempt %d); queued again: %s", job.job_id, what, rc,
+                      attempt, why)
+        else:
+            log.error("job %s: %s with exit status %d (attempt %d); moved to the dead-letter queue: %s",
+                      job.job_id, what, rc, attempt, why)
+            self.queue.dead_letter(msg, f"job {job.job_id}: {what} with exit status {rc}; {why}")
         return EXIT_FAILED
+
+    def hand_back(self, msg: Message, uri: str, attempt: dict) -> None:
+        """Requeue the job as a fresh message carrying its attempt history, then retire the old one.
+
+        Send first, then mark the old message superseded, then delete it: a fault between two of these leaves
+        two copies, never none; the marked copy is dropped when it is received (see _superseded).
+        """
+        from trainer.jobs.spec import with_attempt
+        from trainer.loop.storage import open_store
+
+        self.queue.send(with_attempt(msg.body, attempt))
+        steps = ((lambda: open_store(uri).write_bytes(f"{SUPERSEDED}{msg.id}", json.dumps(attempt).encode()),
+                  "marking it superseded"), (lambda: self.queue.delete(msg), "deleting it"))
+        for step, what in steps:
+            try:
+                step()
+            except Exception as exc:  # the fresh message is out: the job is not lost whatever fails here
+                log.warning("message %s: %s after the hand-back failed (%s); a copy may come back once and is "
+                            "dropped or resumes from the same checkpoint", msg.id, what, exc)
+
+    def _superseded(self, msg: Message, uri: str) -> bool:
+        from trainer.loop.storage import open_store
+
+        try:
+            return open_store(uri).exists(f"{SUPERSEDED}{msg.id}")
+        except Exception as exc:  # the location unreachable: run it (its own checkpoint reads tell)
+            log.warning("message %s: cannot look for a superseded mark at %s: %s", msg.id, uri, exc)
+            return False
+
+    def job_uri(self, job: Job) -> str:
+        """The job's checkpoint location (a trainer job's own --checkpoint-uri, else its default prefix)."""
+        if job.kind == "trainer":
+            return job_args(job, self.bucket, self.metrics_path(job.job_id))[1]
+        return self.checkpoint_uri(job)
+
+    def _node_name(self) -> str:
+        import socket
+
+        return self.node.get("instance_id") or socket.gethostname()
+
+    def _lapsing(self) -> None:
+        self.stop_job()
 
     def going_away(self) -> str | None:
         """Why this node is about to stop (AWS: IMDS; Azure: Scheduled Events), or None."""
@@ -430,7 +536,7 @@ class Agent:
 
         def handle(signum, frame):
             self.stopping = signal.Signals(signum).name
-            if signum == signal.SIGINT and self._proc is None:  # Ctrl-C, no job running: quit now (exit 130)
+            if signum == signal.SIGINT and self._running is None:  # Ctrl-C, no job running: quit now (exit 130)
                 raise KeyboardInterrupt
             log.info("%s: stopping the job at a checkpoint", self.stopping)
             self.stop_job()
@@ -446,13 +552,13 @@ class Agent:
         tail.offset = path.stat().st_size if path.exists() else 0  # only this run's steps
         return tail.start()
 
-    def _steps_lost(self, uri: str, last_step: int | None) -> int:
-        """Steps done after the newest checkpoint: they are done again on resume."""
+    def _saved_step(self, uri: str) -> int | None:
+        """The newest committed checkpoint's step (steps done after it are done again on resume)."""
         from trainer.loop.checkpoint import Checkpointer
         from trainer.loop.storage import open_store
 
         saved = Checkpointer(open_store(uri), keep=1).steps()
-        return max(0, (last_step or 0) - (saved[0] if saved else 0))
+        return saved[0] if saved else None
 
 
 class GangAgent(Agent):
