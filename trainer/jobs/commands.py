@@ -168,8 +168,9 @@ def cancel(target: Target, job_id: str) -> str:
 
 
 def retry(target: Target, job_id: str) -> str:
-    """A failed (or dead-lettered) or cancelled job back on the queue: a fresh message from its spec carrying its
-    attempts, the dead-letter copy removed when there is one, the record queued."""
+    """A failed (or dead-lettered) or cancelled job back on the queue: a fresh message from its spec with a fresh
+    retry budget (the record keeps every attempt), the dead-letter copy removed when there is one, the record
+    queued. It resumes from its newest checkpoint."""
     if not target.queue_url:
         raise UsageError(f"retry: no queue; give --stack NAME or --queue-url (or {ENV['queue_url']})")
     from trainer.jobs.queue import open_queue
@@ -180,7 +181,7 @@ def retry(target: Target, job_id: str) -> str:
     if removed and rec["state"] not in ("failed", "cancelled"):  # dead-lettered before any agent could say so
         rs.update(job_id, lambda r: records.end(r, "failed", None, "dead-lettered", time.time()))
     rec = rs.update(job_id, lambda r: records.retry(r, time.time()))  # refuses a job that is not finished badly
-    open_queue(target.queue_url).send(json.dumps({**rec["spec"], "attempts": rec["attempts"]}))
+    open_queue(target.queue_url).send(json.dumps({k: v for k, v in rec["spec"].items() if k != "attempts"}))
     return (f"job {job_id} queued again after {len(rec['attempts'])} attempt(s)"
             + ("; its dead-letter message removed" if removed else ""))
 

@@ -92,10 +92,11 @@ def _close_open(attempts: list[dict], now: float, reason: str) -> list[dict]:
 
 def claim(rec: dict, attempt: dict, now: float) -> dict:
     """A node (or gang) starts an attempt: running, one more attempt, no progress yet. ``attempt``: nodes (or
-    node), instance_type, gpus (per node), n (default: the next number)."""
+    node), instance_type, gpus (per node), n (the node's count; never below the record's next number, so a
+    job queued again by `retry` goes on counting)."""
     attempts = _close_open(rec["attempts"], now, "lost")
     nodes = attempt.get("nodes") or ([attempt["node"]] if attempt.get("node") else [])
-    entry = {"n": attempt.get("n") or len(attempts) + 1, "nodes": list(nodes),
+    entry = {"n": max(attempt.get("n") or 0, len(attempts) + 1), "nodes": list(nodes),
              "instance_type": attempt.get("instance_type"), "gpus": attempt.get("gpus"), "start": now,
              "end": None, "exit_status": None, "reason": None}
     if rec["state"] == "running":  # its last attempt was lost: the record never heard it end
@@ -268,19 +269,23 @@ class RecordStore:
 
     # --- what the agent calls ---------------------------------------------------------------------
 
-    def claimed(self, job_id: str, attempt: dict, spec: dict | None = None) -> bool:
-        """This node (gang: its head) starts an attempt of the job: True to run it; False when the job was
-        cancelled (delete its message) or has succeeded already (a duplicate delivery)."""
+    def claimed(self, job_id: str, attempt: dict, spec: dict | None = None) -> int | None:
+        """This node (gang: its head) starts an attempt of the job: the attempt's number, to run it; None when
+        the job was cancelled (delete its message) or has succeeded already (a duplicate delivery)."""
         now = self.clock()
-        ok = True
+        number = None
 
         def fn(rec: dict) -> dict:
-            nonlocal ok
-            ok = rec["state"] not in TERMINAL and not rec.get("cancel_requested")
-            return claim(rec, attempt, now) if ok else rec
+            nonlocal number
+            if rec["state"] in TERMINAL or rec.get("cancel_requested"):
+                number = None
+                return rec
+            new = claim(rec, attempt, now)
+            number = new["attempts"][-1]["n"]
+            return new
 
         self.update(job_id, fn, missing=(lambda: new_record(spec, now)) if spec else None)
-        return ok
+        return number
 
     def progress(self, job_id: str, progress: dict) -> bool:
         """The job's latest progress (step, total, loss, samples_per_s, gpu_util), written at most once every

@@ -48,6 +48,7 @@ from trainer import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from trainer.clouds import explain
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.queue import JobQueue, Message, open_queue
+from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
@@ -55,6 +56,7 @@ from trainer.node.registry import write_config_dir
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, node_facts, stop_grace)
+from trainer.node.tracking import Output, Tracking
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -212,6 +214,15 @@ class Agent:
         self.idle = "no job in the queue"  # logged when --once finds nothing to do
         self._running: Running | None = None
         self._timed_out = False
+        self._output: Output | None = None  # the running attempt's output, shipped to the bucket
+        self._records: RecordStore | None = None
+
+    @property
+    def records(self) -> RecordStore:
+        """The job records in the cluster's bucket (trainer.jobs.records), opened on first use."""
+        if self._records is None:
+            self._records = RecordStore.of_bucket(self.bucket)
+        return self._records
 
     @property
     def max_nodes(self) -> int:
@@ -299,12 +310,19 @@ class Agent:
             self.queue.delete(msg)
             log.info("job %s: message %s is a copy a hand-back superseded; deleted", job.job_id, msg.id)
             return EXIT_OK
-        attempt = len(job.attempts) + msg.receive_count  # every run so far: hand-backs and redeliveries
+        attempt = self._claim(job, len(job.attempts) + msg.receive_count)  # every run so far
+        if not attempt:
+            self.queue.delete(msg)
+            log.info("job %s: cancelled or finished before this attempt; message %s deleted, nothing run",
+                     job.job_id, msg.id)
+            return EXIT_OK
         log.info("job %s: claimed (message %s, receive %d, attempt %d, kind %s)", job.job_id, msg.id,
                  msg.receive_count, attempt, job.kind)
         started = time.time()
         self.platform.protect(True)
         heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit, self._lapsing).start()
+        tracking = Tracking(self.records, job.job_id, metrics and job_args(job, self.bucket, metrics)[2],
+                            self._total_steps(job), self._cancelled, gpu_util=self._gpu_util).start()
         try:
             tail = self._tail(job_args(job, self.bucket, metrics)[2]) if metrics else None
             try:
@@ -313,11 +331,19 @@ class Agent:
                 if tail:
                     tail.close()
         finally:
+            tracking.close()
             heartbeat.stop()
         if rc == EXIT_OK:
             self.queue.delete(msg)
             self.platform.protect(False)
+            self._ended(job, "succeeded", rc)
             log.info("job %s: done; message deleted", job.job_id)
+            return EXIT_OK
+        if tracking.cancelled:
+            self.queue.delete(msg)
+            self.platform.protect(False)
+            self._ended(job, "cancelled", rc, "cancel")
+            log.info("job %s: cancelled; stopped (exit %d), message deleted", job.job_id, rc)
             return EXIT_OK
         if rc == EXIT_PREEMPTED:
             saved = self._saved_step(uri) if tail else None
@@ -325,6 +351,8 @@ class Agent:
             self.hand_back(msg, uri, {"outcome": reason, "exit_status": rc, "node": self._node_name(),
                                       "message_id": msg.id, "started": started, "ended": time.time(),
                                       "step": saved})
+            self._ended(job, "preempted" if reason == "preempted" else "queued", rc,
+                        "preemption" if reason == "preempted" else "hand-back")
             lost = max(0, (tail.last_step or 0) - (saved or 0)) if tail else 0
             self.emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
             log.info("job %s: stopped after a checkpoint; message handed back as a fresh one (%d steps lost)",
@@ -344,7 +372,53 @@ class Agent:
             log.error("job %s: %s with exit status %d (attempt %d); moved to the dead-letter queue: %s",
                       job.job_id, what, rc, attempt, why)
             self.queue.dead_letter(msg, f"job {job.job_id}: {what} with exit status {rc}; {why}")
+        self._ended(job, "queued" if retry else "failed", rc, "timeout" if self._timed_out else "failure")
         return EXIT_FAILED
+
+    # --- the job's record (trainer.jobs.records), best-effort but for the claim ------------------------------
+
+    def _claim(self, job: Job, attempt: int) -> int | None:
+        """Mark the job running with this attempt (the message's count: hand-backs and redeliveries; the record
+        goes on counting across a `retry`); its number, or None when its record says cancelled or finished. A
+        record that cannot be written does not stop the job (it runs, and says so)."""
+        try:
+            return self.records.claimed(job.job_id, {"nodes": self._nodes(), "instance_type": self._instance_type(),
+                                                     "gpus": self.gpus, "n": attempt}, spec=job.to_dict())
+        except Exception as exc:
+            log.warning("job %s: its record could not be updated (%s); running it", job.job_id, exc)
+            return attempt
+
+    def _ended(self, job: Job, state: str, rc: int, reason: str | None = None) -> None:
+        try:
+            self.records.ended(job.job_id, state, rc, reason)
+        except Exception as exc:
+            log.warning("job %s: its record could not be marked %s (%s)", job.job_id, state, exc)
+
+    def _cancelled(self) -> None:
+        self.stop_job()
+
+    def _nodes(self) -> list[str]:
+        return [self._node_name()]
+
+    def _instance_type(self) -> str | None:
+        try:
+            return self.platform.instance_type() or self.node.get("instance_type")
+        except Exception:
+            return self.node.get("instance_type")
+
+    @staticmethod
+    def _total_steps(job: Job) -> int | None:
+        if job.kind != "trainer":
+            return None
+        from trainer.loop.config import parse_args
+
+        return parse_args(list(job.args)).steps
+
+    @staticmethod
+    def _gpu_util() -> float | None:
+        from trainer.node.emf import gpu_utilisation
+
+        return gpu_utilisation()
 
     def hand_back(self, msg: Message, uri: str, attempt: dict) -> None:
         """Requeue the job as a fresh message carrying its attempt history, then retire the old one.
@@ -413,11 +487,31 @@ class Agent:
                 trainer_cmd: list[str] | None = None) -> int:
         """Start the attempt, stop it on a notice or its timeout, wait for it; the outcome (see :func:`outcome`)."""
         self._timed_out = False
+        if self.job_stdout is None:
+            self._output = self._open_output(job, attempt)
         try:
-            run = self.start(job, attempt, nnodes, node_rank, rdzv, trainer_cmd)
-        except Exception as exc:  # a bundle, secret or command that cannot be had or started: the job fails
-            log.error("job %s: cannot start: %s", job.job_id, exc)
-            return EXIT_FAILED
+            try:
+                run = self.start(job, attempt, nnodes, node_rank, rdzv, trainer_cmd)
+            except Exception as exc:  # a bundle, secret or command that cannot be had or started: the job fails
+                log.error("job %s: cannot start: %s", job.job_id, exc)
+                return EXIT_FAILED
+            return self._wait(job, run)
+        finally:
+            output, self._output = self._output, None
+            if output:
+                output.close()
+
+    def _open_output(self, job: Job, attempt: int) -> Output | None:
+        """The attempt's output file, shipped to jobs/<id>/logs/<attempt>/<node>/ while it runs."""
+        path = self.work_dir / "jobs" / job.job_id / f"output-{attempt}.log"
+        try:
+            return Output(self.records, job.job_id, attempt, self._node_name(), path)
+        except Exception as exc:
+            log.warning("job %s: its output will not be shipped (%s)", job.job_id, exc)
+            return None
+
+    def _wait(self, job: Job, run: Running) -> int:
+        """Stop the started attempt on a notice or its timeout, wait for it; the outcome."""
         self._running = run
         if self.stopping:  # the agent was told to stop while the job was being set up
             self.stop_job()
@@ -488,8 +582,12 @@ class Agent:
         return ProcessGroupRun(self._popen(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
 
     def _popen(self, cmd: list[str], **kw) -> subprocess.Popen:
-        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, stdout=self.job_stdout,
-                                **kw)
+        output = self._output
+        streams = output.popen_kw() if output else {"stdout": self.job_stdout}
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **streams, **kw)
+        if output:
+            output.follow(proc)
+        return proc
 
     def _job_env(self, job: Job) -> tuple[dict[str, str], dict[str, str]]:
         """The job's env: (plain values, secrets read through the node's identity)."""
@@ -609,6 +707,9 @@ class GangAgent(Agent):
 
     def handle(self, work: Message | Assignment) -> int:
         return super().handle(work) if isinstance(work, Message) else self.follow(work)
+
+    def _nodes(self) -> list[str]:
+        return list(self.gang.members)
 
     def launch(self, job: Job, attempt: int) -> int:
         """The head's part: publish the assignment, run node rank 0, clear the assignment."""

@@ -1,0 +1,138 @@
+"""What the agent tells the outside world about a running attempt: its output, shipped to the bucket
+(trainer.jobs.logs), and, on the node that owns the job's message, its record (trainer.jobs.records): progress
+at a bounded rate and whether the user asked to cancel it.
+
+Everything here is best-effort for the job: a record or log write that fails is logged and the job goes on
+(its output stays in the local file and is shipped at the next try). Only a cancel depends on a read here;
+a failed read is tried again at the next poll.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from trainer.jobs.logs import LogShipper
+from trainer.jobs.records import RecordStore
+
+log = logging.getLogger("gpufleet.agent")
+
+CANCEL_POLL_S = 2.0  # how often a running job's record is read for a cancel (cancel to SIGTERM, at most)
+
+
+def last_metrics(path: str | Path) -> dict | None:
+    """The newest complete record of a train metrics file (one JSON object a line), or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:  # a half-written last line, or the cut first one
+            continue
+    return None
+
+
+def progress_of(record: dict, total: int | None, gpu_util: float | None) -> dict:
+    """A job record's progress from a train metrics record."""
+    return {"step": record.get("step"), "total": total, "loss": record.get("loss"),
+            "samples_per_s": record.get("samples_per_s"), "gpu_util": gpu_util}
+
+
+class Output:
+    """The attempt's stdout and stderr: each still goes where the agent's own goes, and both are appended to
+    one local file that a LogShipper sends to the bucket while the job runs."""
+
+    def __init__(self, records: RecordStore, job_id: str, attempt: int, node: str, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab")
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.shipper = LogShipper(records.store, job_id, attempt, node, path).start()
+
+    def popen_kw(self) -> dict:
+        return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+
+    def follow(self, proc: subprocess.Popen) -> None:
+        """Copy the started process's two pipes (a thread each)."""
+        for pipe, echo in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            t = threading.Thread(target=self._copy, args=(pipe, echo), name="job-output", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _copy(self, pipe, echo) -> None:
+        for line in iter(pipe.readline, b""):
+            with self._lock:
+                self._file.write(line)
+                self._file.flush()
+            try:
+                echo.buffer.write(line)
+                echo.flush()
+            except (AttributeError, ValueError, OSError):  # a captured or closed stream: the file has it
+                pass
+        pipe.close()
+
+    def close(self) -> None:
+        """After the process exited: the rest of its output (a leftover child may hold a pipe: 5 s), shipped."""
+        for t in self._threads:
+            t.join(5)
+        with self._lock:
+            self._file.close()
+        try:
+            self.shipper.close()
+        except Exception as exc:
+            log.warning("job output not shipped (%s); it stays in %s", exc, self.path)
+
+
+class Tracking:
+    """While the owner's attempt runs: progress into the record at most every ``progress_every_s`` (the record
+    store's limit) and a cancel poll every ``poll_s``; ``on_cancel`` is called once when the user cancels."""
+
+    def __init__(self, records: RecordStore, job_id: str, metrics: str | None, total: int | None, on_cancel,
+                 poll_s: float = CANCEL_POLL_S, gpu_util=lambda: None):
+        self.records, self.job_id, self.metrics, self.total = records, job_id, metrics, total
+        self.on_cancel, self.poll_s, self.gpu_util = on_cancel, poll_s, gpu_util
+        self.cancelled = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-record", daemon=True)
+
+    def start(self) -> "Tracking":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                if not self.cancelled and self.records.cancel_requested(self.job_id):
+                    self.cancelled = True
+                    log.warning("job %s: cancelled by the user; stopping it at a checkpoint", self.job_id)
+                    self.on_cancel()
+                newest = last_metrics(self.metrics) if self.metrics else None
+                if newest:
+                    self.records.progress(self.job_id, progress_of(newest, self.total, self.gpu_util()))
+            except Exception as exc:  # the bucket away for a moment: the job goes on
+                log.warning("job %s: its record could not be read or updated (%s)", self.job_id, exc)
+
+    def close(self) -> None:
+        """Stop polling; the attempt's last progress is written whatever the rate limit (the record's end)."""
+        self._stop.set()
+        self._thread.join()
+        newest = last_metrics(self.metrics) if self.metrics else None
+        if newest:
+            import time
+
+            from trainer.jobs.records import with_progress
+
+            progress = progress_of(newest, self.total, self.gpu_util())
+            try:
+                self.records.update(self.job_id, lambda rec: with_progress(rec, progress, time.time()))
+            except Exception as exc:
+                log.warning("job %s: its last progress could not be recorded (%s)", self.job_id, exc)
