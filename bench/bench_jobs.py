@@ -11,6 +11,9 @@ the host's Python mounted into it) and a moto server on loopback.
   in a process of its own, median of ROUNDS; jobs_list_cli_s: the whole `gpufleet jobs list --format json`
   command (interpreter start included); jobs_scan_s: the same 1,000 records read one by one in parallel,
   without the index (what a bucket written before the index costs).
+- cancel_to_stopped_s: a running built-in trainer job (real train process, moto server) cancelled as `gpufleet jobs
+  cancel` does (its record's cancel_requested): from the record write to the agent done with it (stopped at a
+  checkpoint, message deleted, record cancelled). Target: the stop grace (DEFAULT_GRACE_S) + 5 s.
 - gang_fail_fast_s: a 2-node gang (two agents, each with its fake IMDS, real 2-node torchrun on CPU) whose node-1
   rank exits 3 while the head's rank waits (as a rank in a collective with a dead peer does): from node 1's agent
   seeing its part fail to the head's part stopped, from the agents' log times.
@@ -89,6 +92,43 @@ def list_figures() -> dict[str, dict]:
     }
 
 
+def cancel_to_stopped_s(work: Path) -> float:
+    import threading
+
+    import boto3
+
+    from tests.trainer.gated import TRAIN, steps
+    from trainer.clouds.aws import SqsJobQueue
+    from trainer.jobs import records
+    from trainer.jobs.records import RecordStore
+    from trainer.jobs.spec import Job
+    from trainer.node.agent import Agent
+    from trainer.node.emf import Emitter
+
+    boto3.client("s3").create_bucket(Bucket="bench-cancel",
+                                     CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    url = boto3.client("sqs").create_queue(QueueName="bench-cancel")["QueueUrl"]
+    rs = RecordStore.of_bucket("bench-cancel")
+    job = Job("long", args=(*TRAIN, "--steps", "100000"))
+    rs.create(job.to_dict())
+    SqsJobQueue(url).send(job.to_json())
+    agent = Agent(SqsJobQueue(url), "bench-cancel", {}, work / "cancel", wait_s=0, nproc=0,
+                  emitter=Emitter("gpufleet/bench", open(os.devnull, "w")), job_stdout=subprocess.DEVNULL)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(agent.serve(once=True)))
+    thread.start()
+    metrics = work / "cancel" / "jobs" / "long" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not steps(metrics) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.perf_counter()
+    rs.update("long", lambda rec: records.cancel(rec, time.time())[0])
+    thread.join(300)
+    stopped = time.perf_counter() - started
+    assert result == [0] and rs.get("long")["state"] == "cancelled", (result, rs.get("long")["state"])
+    return stopped
+
+
 def _log_time(err: str, text: str) -> float:
     """The time of the agent's first log line containing ``text`` (`%(asctime)s`: 2026-12-01 12:51:37,251)."""
     line = next(ln for ln in err.splitlines() if text in ln)
@@ -122,6 +162,8 @@ def gang_fail_fast_s() -> float:
 
 def run() -> dict[str, dict]:
     import boto3
+
+    from trainer.node.runner import DEFAULT_GRACE_S
 
     from bench.bench_trainer import moto_aws, patched_environ
     from tests.trainer.dockerd import EXAMPLE_IMAGE, host_python_flags, running_dockerd
@@ -158,11 +200,14 @@ def run() -> dict[str, dict]:
         for i in range(ROUNDS):
             for job, into in ((image_job, container), (code_job, code))[:: 1 if i % 2 == 0 else -1]:
                 into.append(first_line_s(agent, job))
+    with moto_aws(), tempfile.TemporaryDirectory() as tmp:
+        cancel_s = cancel_to_stopped_s(Path(tmp))
     fail_fast_s = gang_fail_fast_s()
     container_s, code_s = statistics.median(container), statistics.median(code)
     return {
         **list_figures(),
         "gang_fail_fast_s": {"value": fail_fast_s, "unit": "s", "target": "<= 60"},
+        "cancel_to_stopped_s": {"value": cancel_s, "unit": "s", "target": f"<= {DEFAULT_GRACE_S + 5} (grace + 5)"},
         "container_job_overhead_s": {"value": container_s - code_s, "unit": "s", "target": "< 1.5"},
         "container_first_line_s": {"value": container_s, "unit": "s", "target": ""},
         "code_first_line_s": {"value": code_s, "unit": "s", "target": ""},

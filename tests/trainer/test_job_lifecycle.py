@@ -6,7 +6,6 @@ import io
 import json
 import socket
 import threading
-import time
 
 import boto3
 import pytest
@@ -166,3 +165,15 @@ def test_a_failed_job_past_its_retries_is_dead_lettered_then_retried_and_resumed
 def test_jobs_status_of_an_unknown_job_is_one_line(cluster):
     proc = gpufleet("jobs", "status", "--bucket", "ckpt", "nope")
     assert proc.returncode == 2 and err(proc).startswith("error: job 'nope': no such job"), proc.stderr
+
+
+@pytest.mark.slow
+def test_a_job_past_its_timeout_is_stopped_at_a_checkpoint_and_failed_with_reason_timeout(cluster, tmp_path):
+    proc = gpufleet("jobs", "submit", *cluster["flags"], "--job-id", "slow", "--timeout", "4", "--",
+                    *TRAIN, "--steps", "100000")
+    assert proc.returncode == 0, proc.stderr
+    assert agent(cluster, tmp_path).serve(once=True) == 1
+    rec = status(cluster, "slow")
+    assert (rec["state"], rec["reason"], rec["attempts"][0]["reason"]) == ("failed", "timeout", "timeout")
+    assert saved_steps("slow")  # stopped with a checkpoint
+    assert [b["job_id"] for b in bodies(cluster["sqs"], cluster["dlq"])] == ["slow"]
