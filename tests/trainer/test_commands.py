@@ -169,7 +169,7 @@ def test_a_bad_checkpoint_location_is_refused_before_step_1(tmp_path, capsys):
     assert not metrics.exists()
     ok = tmp_path / "ck"
     assert main(["train", *TINY, "--steps", "1", "--checkpoint-uri", str(ok)]) == 0
-    assert sorted(p.name for p in ok.iterdir()) == ["step-000000001", "step-000000001.json"]  # marker removed
+    assert sorted(p.name for p in ok.iterdir()) == ["lease", "step-000000001", "step-000000001.json"]  # probe removed
 
 
 def test_file_uris_take_an_absolute_path_and_no_host(tmp_path, capsys):
