@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -40,6 +41,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals():
+    """Tests run `python -m trainer train` in this process (trainer.__main__.main), which at its end ignores
+    SIGTERM and SIGINT for the rest of the process it takes to be its own; put them back, so that the processes
+    later tests start do not inherit the ignoring (a Ctrl-C test would then wait in vain)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)
