@@ -321,10 +321,11 @@ class Agent:
         started = time.time()
         self.platform.protect(True)
         heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit, self._lapsing).start()
-        tracking = Tracking(self.records, job.job_id, metrics and job_args(job, self.bucket, metrics)[2],
-                            self._total_steps(job), self._cancelled, gpu_util=self._gpu_util).start()
+        metrics_file = job_args(job, self.bucket, metrics)[2] if metrics else None
+        tracking = Tracking(self.records, job.job_id, metrics_file, self._total_steps(job), self.stop_job,
+                            gpu_util=self._gpu_util).start()
         try:
-            tail = self._tail(job_args(job, self.bucket, metrics)[2]) if metrics else None
+            tail = self._tail(metrics_file) if metrics_file else None
             try:
                 rc = self.launch(job, attempt)
             finally:
@@ -393,9 +394,6 @@ class Agent:
             self.records.ended(job.job_id, state, rc, reason)
         except Exception as exc:
             log.warning("job %s: its record could not be marked %s (%s)", job.job_id, state, exc)
-
-    def _cancelled(self) -> None:
-        self.stop_job()
 
     def _nodes(self) -> list[str]:
         return [self._node_name()]

@@ -13,10 +13,11 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from trainer.jobs.logs import LogShipper
-from trainer.jobs.records import RecordStore
+from trainer.jobs.records import RecordStore, with_progress
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -127,10 +128,6 @@ class Tracking:
         self._thread.join()
         newest = last_metrics(self.metrics) if self.metrics else None
         if newest:
-            import time
-
-            from trainer.jobs.records import with_progress
-
             progress = progress_of(newest, self.total, self.gpu_util())
             try:
                 self.records.update(self.job_id, lambda rec: with_progress(rec, progress, time.time()))
