@@ -42,8 +42,8 @@ def aws(moto_endpoint):
 
 def agent(url, tmp_path, name, **kw) -> Agent:
     kw.setdefault("emitter", Emitter("gpufleet/test", io.StringIO()))
-    return Agent(SqsJobQueue(url), "ckpt", kw.pop("node", {}), tmp_path / name, wait_s=kw.pop("wait_s", 0),
-                 nproc=0, **kw)
+    return Agent(kw.pop("queue", None) or SqsJobQueue(url), "ckpt", kw.pop("node", {}), tmp_path / name,
+                 wait_s=kw.pop("wait_s", 0), nproc=0, **kw)
 
 
 def test_an_aws_node_publishes_gpu_utilisation_for_its_group_and_itself_while_idle(aws, tmp_path, monkeypatch,

@@ -2,7 +2,6 @@
 (through a fault proxy in front of moto server), jobs over the command-line limit; real train processes."""
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -20,28 +19,9 @@ from tests.trainer.gated import GATE, ROOT, TRAIN, final_state, steps, wait_for
 from trainer.clouds.aws import NodePlatform, SqsJobQueue
 from trainer.jobs.spec import MAX_ARGS_BYTES, parse_job, with_attempt
 from trainer.node.agent import Agent
-from trainer.node.emf import Emitter
+from tests.trainer.test_agent import agent, aws  # noqa: F401 (aws: a fixture)
 
 STEPS = 8
-
-
-@pytest.fixture
-def aws(moto_endpoint):
-    """A job queue that dead-letters after 2 receives (prod has 3), and a checkpoint bucket."""
-    sqs = boto3.client("sqs")
-    dlq = sqs.create_queue(QueueName="jobs-dlq")["QueueUrl"]
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName="jobs", Attributes={
-        "VisibilityTimeout": "30",
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "2"})})["QueueUrl"]
-    boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    return sqs, url, dlq
-
-
-def agent(url, tmp_path, name, **kw) -> Agent:
-    kw.setdefault("emitter", Emitter("gpufleet/test", io.StringIO()))
-    return Agent(kw.pop("queue", None) or SqsJobQueue(url), "ckpt", kw.pop("node", {}), tmp_path / name,
-                 wait_s=kw.pop("wait_s", 0), nproc=0, **kw)
 
 
 def in_thread(a: Agent) -> tuple[threading.Thread, list]:
