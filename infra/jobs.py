@@ -158,7 +158,8 @@ def _where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", help="the stack's bucket (Azure: its checkpoints container URL); "
                                     "default GPUFLEET_BUCKET")
     p.add_argument("--queue-url", help="the job queue (default GPUFLEET_QUEUE_URL)")
-    p.add_argument("--dlq-url", help="the dead-letter queue (default GPUFLEET_DLQ_URL)")
+    p.add_argument("--dlq-url", help="the dead-letter queue (default GPUFLEET_DLQ_URL, else the queue's own: "
+                                     "SQS's redrive target, Azure <queue>-poison, CMQ <queue>-dead)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -124,6 +124,24 @@ def test_dead_letter_moves_the_message_to_the_poison_queue_at_once(queue_url):
     assert [m.content for m in q.poison.peek_messages()] == ["out of retries"]
 
 
+def test_retry_finds_the_poison_queue_from_the_queue_url_and_removes_only_that_jobs_copy(queue_url):
+    """`gpufleet jobs retry` without --dlq-url: the poison queue is <queue>-poison; reading it there (each read a
+    delivery) never moves its messages on to a poison queue of its own."""
+    from trainer.jobs.commands import remove_dead_letter
+
+    q = AzureJobQueue(queue_url, poll_s=0.1)
+    poison = q.dead_letters()
+    assert poison.url == queue_url + "-poison" and poison.dead_letters() is None
+    for job in ("a", "b"):
+        q.send(json.dumps({"job_id": job}))
+        q.dead_letter(q.receive(wait_s=5), "out of retries")
+    poison.max_deliveries = 1
+    for _ in range(3):  # every message read and put back, more often than max_deliveries
+        assert remove_dead_letter(poison, "nope", wait_s=0) == 0
+    assert remove_dead_letter(poison, "a", wait_s=0) == 1
+    assert [json.loads(m.content)["job_id"] for m in poison.client.peek_messages()] == ["b"]
+
+
 @pytest.mark.parametrize("url", [
     "https://acc.queue.core.windows.net/",
     "https://acc.queue.core.windows.net/a/b",

@@ -195,6 +195,19 @@ def test_failures_are_counted_across_copies_and_the_third_goes_to_the_dead_lette
     assert wrap("x", 0) == "x" and unwrap(wrap("x", 2)) == ("x", 2) and unwrap('{"job_id": "a"}') == ('{"job_id": "a"}', 0)
 
 
+def test_retry_finds_the_dead_letter_queue_from_the_queue_url_and_removes_only_that_jobs_copy(cmq):
+    from trainer.jobs.commands import remove_dead_letter
+
+    q = queue(cmq)
+    dlq = q.dead_letters()
+    assert (dlq.url, dlq.cmq.credentials) == (cmq.url("jobs-dead"), q.cmq.credentials)  # the same CAM key
+    for job in ("a", "b"):
+        q.send(json.dumps({"job_id": job}))
+        q.dead_letter(q.receive(wait_s=1), "out of retries")
+    assert remove_dead_letter(dlq, "a", wait_s=0) == 1
+    assert [json.loads(b)["job_id"] for b in cmq.bodies("jobs-dead")] == ["b"]
+
+
 def test_a_message_whose_agent_died_comes_back_after_the_visibility_timeout_and_cmq_dead_letters_it(cmq):
     cmq.queues["jobs"].visibility_s = 1
     q = queue(cmq)

@@ -455,6 +455,10 @@ class SqsJobQueue(JobQueue):
         account, name = arn.split(":")[4:6]
         return self.client.get_queue_url(QueueName=name, QueueOwnerAWSAccountId=account)["QueueUrl"]
 
+    def dead_letters(self) -> "SqsJobQueue | None":
+        url = self.dead_letter_url()
+        return SqsJobQueue(url, self.client.meta.region_name) if url else None
+
     def dead_letter(self, msg: Message, reason: str) -> None:
         """Send the body to the dead-letter queue, then delete it here. With no RedrivePolicy the message is
         left to redelivery (said in one line)."""

@@ -273,7 +273,9 @@ class AzureJobQueue(JobQueue):
         account, name = parse_url(url)
         self.url = url
         self.client = _client(account, name)
-        self.poison = _client(account, f"{name}-poison")
+        self.poison_url = f"https://{account}{QUEUE_HOST}/{name}-poison"
+        # a poison queue has none of its own: what is received there again and again stays there
+        self.poison = None if name.endswith("-poison") else _client(account, f"{name}-poison")
         self.visibility_s = visibility_s
         self.max_deliveries = max_deliveries
         self.poll_s = poll_s
@@ -284,7 +286,7 @@ class AzureJobQueue(JobQueue):
         deadline = time.monotonic() + wait_s
         while True:
             m = self.client.receive_message(visibility_timeout=self.visibility_s)
-            if m is not None and m.dequeue_count > self.max_deliveries:
+            if m is not None and self.poison is not None and m.dequeue_count > self.max_deliveries:
                 self._to_poison(m)
                 continue
             if m is not None:
@@ -322,6 +324,9 @@ class AzureJobQueue(JobQueue):
                 self.client.delete_message(msg.id, receipt)
             except ResourceNotFoundError:
                 pass  # already deleted
+
+    def dead_letters(self) -> "AzureJobQueue | None":
+        return None if self.poison is None else AzureJobQueue(self.poison_url, poll_s=self.poll_s)
 
     def dead_letter(self, msg: Message, reason: str) -> None:
         log.error("message %s: moved to the poison queue (%s)", msg.id, reason)

@@ -139,8 +139,9 @@ def open_store(uri: str):
     store = S3Store(parsed.netloc, parsed.path, client=cos_client(region_of(settings), credentials(settings)))
     store.uri = f"cos://{parsed.netloc}/{store.prefix}"
     store.conditional = False  # COS documents no If-Match on PUT Object: job records are last-writer-wins here
-    # COS's S3 API documents no If-None-Match on PUT Object: the checkpoint lease (trainer.loop.lease) is taken
-    # with a look then a write there, so two runners starting within the same moment are not told apart.
+    # COS's S3 API documents no If-None-Match on PUT Object, and its own x-cos-forbid-overwrite has no effect on
+    # a bucket that has ever had versioning on (the stack's bucket has): the checkpoint lease (trainer.loop.lease)
+    # is taken with a look then a write there, so two runners starting within the same moment are not told apart.
     store.conditional_create = False
     return store
 
@@ -179,6 +180,7 @@ class CmqJobQueue(JobQueue):
         endpoint, self.queue = parse_queue_url(url)
         self.url = url
         self.dead_letter_queue = self.queue + DEAD_SUFFIX
+        self.endpoint = endpoint
         self.cmq = Cmq(endpoint, credentials_provider or credentials())
         self.max_failures = max_failures
         self._attributes: dict | None = None
@@ -236,6 +238,9 @@ class CmqJobQueue(JobQueue):
             self._resend(msg, 0, self.dead_letter_queue)
         else:
             self._resend(msg, failures)
+
+    def dead_letters(self) -> "CmqJobQueue":
+        return CmqJobQueue(f"{self.endpoint}/{self.dead_letter_queue}", credentials_provider=self.cmq.credentials)
 
     def dead_letter(self, msg: Message, reason: str) -> None:
         log.error("message %s: moved to %s (%s)", msg.id, self.dead_letter_queue, reason)

@@ -15,11 +15,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from trainer.errors import UsageError
 from trainer.jobs import logs, records
 from trainer.jobs.records import RecordStore
+
+if TYPE_CHECKING:
+    from trainer.jobs.queue import JobQueue
 
 ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL"}
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -177,20 +180,19 @@ def retry(target: Target, job_id: str) -> str:
 
     rs = target.records()
     rec = rs.get(job_id)
-    removed = remove_dead_letter(target.dlq_url, job_id) if target.dlq_url else 0
+    queue = open_queue(target.queue_url)
+    dlq = open_queue(target.dlq_url) if target.dlq_url else queue.dead_letters()
+    removed = remove_dead_letter(dlq, job_id) if dlq else 0
     if removed and rec["state"] not in ("failed", "cancelled"):  # dead-lettered before any agent could say so
         rs.update(job_id, lambda r: records.end(r, "failed", None, "dead-lettered", time.time()))
     rec = rs.update(job_id, lambda r: records.retry(r, time.time()))  # refuses a job that is not finished badly
-    open_queue(target.queue_url).send(json.dumps({k: v for k, v in rec["spec"].items() if k != "attempts"}))
+    queue.send(json.dumps({k: v for k, v in rec["spec"].items() if k != "attempts"}))
     return (f"job {job_id} queued again after {len(rec['attempts'])} attempt(s)"
             + ("; its dead-letter message removed" if removed else ""))
 
 
-def remove_dead_letter(dlq_url: str, job_id: str, wait_s: int = 1) -> int:
+def remove_dead_letter(dlq: JobQueue, job_id: str, wait_s: int = 1) -> int:
     """Delete the job's messages from the dead-letter queue (others are made visible again); how many."""
-    from trainer.jobs.queue import open_queue
-
-    dlq = open_queue(dlq_url)
     others, removed = [], 0
     while (msg := dlq.receive(wait_s)) is not None:
         try:

@@ -56,6 +56,10 @@ class JobQueue:
     def send(self, body: str) -> str:
         raise NotImplementedError
 
+    def dead_letters(self) -> "JobQueue | None":
+        """The queue :meth:`dead_letter` moves messages to (where `retry` takes a job's copy back), or None."""
+        return None
+
 
 def open_queue(url: str, region: str | None = None) -> JobQueue:
     """SQS for SQS URLs; an Azure Storage queue for https://<account>.queue.core.windows.net/<queue>; TDMQ CMQ
