@@ -6,6 +6,7 @@ runs (one CPU process per node, gloo).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import ipaddress
 import json
@@ -25,7 +26,7 @@ from trainer.node.agent import GangAgent, gang_command
 from trainer.loop.checkpoint import Checkpointer, from_bytes
 from trainer.node.emf import Emitter
 from trainer.clouds.aws import NodePlatform, SqsJobQueue
-from trainer.node.rendezvous import ASSIGNMENT_KEY, FAILED_PREFIX, Assignment, Board, Gang, RendezvousError
+from trainer.node.rendezvous import ASSIGNMENT_KEY, MARK_PREFIX, Assignment, Board, Gang, RendezvousError
 from trainer.loop.storage import open_store
 
 STEPS = 3
@@ -70,11 +71,12 @@ def test_board_polls_the_assignment_with_its_etag(moto_endpoint, caplog):
     board.clear()
     assert board.read() is None
     assert status == [404, 200, 304, 200, 200, 404]  # an unchanged object is not sent again
-    assert board.failed("g2") is None
-    board.fail("g2", 1, 3)
-    assert board.failed("g2") == {"node_rank": 1, "exit_status": 3} and board.failed("g1") is None
-    board.clear_failed("g2")
-    assert board.failed("g2") is None
+    # end marks: the first part's stands; the next assignment clears the marks of earlier runs
+    assert board.mark_of("g2") is None
+    assert board.mark("g2", 1, 75) is True and board.mark("g2", 0, 1) is False
+    assert board.mark_of("g2") == {"node_rank": 1, "exit_status": 75} and board.mark_of("g1") is None
+    board.publish(Assignment("j-2", [], 2, "10.0.0.9", 29400, "g3"))
+    assert board.mark_of("g2") is None
 
 
 @pytest.mark.parametrize("settings, flags, message", [
@@ -286,7 +288,9 @@ def test_a_failed_part_stops_the_other_nodes_part_and_the_job_fails_as_a_whole(c
     assert "job llm-5: failed with exit status 1" in head_err
     assert "stopped after a checkpoint" not in head_err  # a failure, not a preemption
     assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
-    assert assignment() is None and objects(FAILED_PREFIX) == []  # the head cleared the board
+    assert assignment() is None  # the head cleared the assignment; the mark stays for parts still running
+    assert [json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=k)["Body"].read())
+            for k in objects(MARK_PREFIX)] == [{"node_rank": 1, "exit_status": 1}]
     assert not protected(head_id) and not protected(worker_id)
 
 
@@ -317,7 +321,9 @@ def test_a_preempted_nodes_replacement_joins_the_next_attempt_which_resumes_from
             gate.touch()
             (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
     assert (head_rc, worker_rc) == (75, 75), head_err + worker_err
-    assert "message handed back" in head_err and objects(FAILED_PREFIX) == []  # a preemption, not a failure
+    assert "message handed back" in head_err  # a preemption, not a failure
+    (mark,) = objects(MARK_PREFIX)
+    assert json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=mark)["Body"].read())["exit_status"] == 75
     stopped = saved("llm-6")[0]
     assert 1 <= stopped < 6
 
@@ -342,3 +348,118 @@ def test_a_preempted_nodes_replacement_joins_the_next_attempt_which_resumes_from
     leader = "h2" if leader_err is head_err else "w2"
     resumed = steps(tmp_path / leader / "jobs" / "llm-6" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == list(range(stopped + 1, 7))  # from the agreed checkpoint, none twice
+
+
+# --- user code over the gang: one part's stop or failure reaches the others through the run's end mark --------
+
+HOLD = """import os, pathlib, signal, sys, time
+out, rank = pathlib.Path(OUT), os.environ["GPUFLEET_NODE_RANK"]
+def stop(*_):
+    (out / f"stopped-{rank}").touch()
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+(out / f"started-{rank}").touch()
+if os.environ.get("FAIL_RANK") == rank:  # once every part has started
+    while not all((out / f"started-{r}").exists() for r in range(int(os.environ["GPUFLEET_NNODES"]))):
+        time.sleep(0.05)
+    sys.exit(3)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@contextlib.contextmanager
+def user_code_gang(cluster, tmp_path, monkeypatch, job_id: str, env: dict | None = None):
+    """A 2-node code job whose parts wait until SIGTERM (then exit 75), run by two in-process gang agents on
+    their own fake IMDS; yields (out dir, head imds, worker imds, {"head": [rc], "worker": [rc]}) while they run,
+    and joins them on leaving."""
+    from trainer.clouds.aws import Imds
+    from trainer.jobs import bundle
+    from trainer.jobs.records import RecordStore
+    from trainer.jobs.spec import Job
+
+    sqs, url, ((head_id, head_ip), (worker_id, worker_ip)), node_json = cluster
+    out, src = tmp_path / "out", tmp_path / "src"
+    out.mkdir()
+    src.mkdir()
+    (src / "main.py").write_text(HOLD.replace("OUT", repr(str(out))))
+    uri, _ = bundle.upload(bundle.pack(src), "ckpt")
+    spec = Job(job_id, "code", code=uri, command=("python", "main.py"), nodes=2, env=env or {}).to_dict()
+    RecordStore.of_bucket("ckpt").create(spec)
+    sqs.send_message(QueueUrl=url, MessageBody=json.dumps(spec))
+    node = {**json.loads(node_json.read_text()), "terminate_hook": None}
+    port = free_port()
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "false")
+    with FakeImds(instance_id=head_id, private_ip=head_ip) as head_imds, \
+            FakeImds(instance_id=worker_id, private_ip=worker_ip) as worker_imds:
+        results: dict[str, list] = {"head": [], "worker": []}
+        threads = []
+        for name, imds in (("worker", worker_imds), ("head", head_imds)):
+            agent = GangAgent(SqsJobQueue(url), "ckpt", node, tmp_path / name, Board("ckpt", boto3.client("s3")),
+                              port=port, gang_timeout_s=60, poll_s=0.5, wait_s=20, nproc=0, watch_s=0.5,
+                              stop_grace_s=10, emitter=Emitter("gpufleet/test", io.StringIO()),
+                              platform=NodePlatform(node, imds=Imds(imds.endpoint)))
+            threads.append(threading.Thread(target=lambda a=agent, r=results[name]: r.append(a.serve(once=True))))
+            threads[-1].start()
+        try:
+            yield out, head_imds, worker_imds, results
+        finally:
+            for t in threads:
+                t.join(timeout=120)
+
+
+def started(out) -> bool:
+    return (out / "started-0").exists() and (out / "started-1").exists()
+
+
+def the_mark() -> dict:
+    (key,) = objects(MARK_PREFIX)
+    return json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=key)["Body"].read())
+
+
+@pytest.mark.slow
+def test_a_cancel_stops_every_nodes_part_of_a_user_code_gang_at_a_checkpoint(cluster, tmp_path, monkeypatch):
+    """The head reads the cancel and marks the run stopped before its SIGTERM; the worker's part, which the
+    head's cancel never reaches directly, gets its SIGTERM from the mark instead of waiting in a collective."""
+    from trainer.jobs import commands
+
+    sqs, url, *_ = cluster
+    with user_code_gang(cluster, tmp_path, monkeypatch, "gc-1") as (out, _, _, results):
+        wait_for(lambda: started(out), what="both parts to start")
+        told = commands.cancel(commands.Target("ckpt", url), "gc-1")
+        assert told.startswith("job gc-1 is running")
+    assert results == {"head": [0], "worker": [75]}
+    assert (out / "stopped-0").exists() and (out / "stopped-1").exists()  # each part had its SIGTERM and grace
+    assert the_mark() == {"node_rank": 0, "exit_status": 75}
+    rec = commands.Target("ckpt", url).records().get("gc-1")
+    assert rec["state"] == "cancelled" and rec["attempts"][0]["reason"] == "cancel"
+    assert counts(sqs, url) == (0, 0)  # the message deleted
+
+
+@pytest.mark.slow
+def test_a_notice_on_a_worker_stops_the_heads_user_code_and_the_job_is_handed_back(cluster, tmp_path,
+                                                                                   monkeypatch, caplog):
+    """A spot notice on the worker: its agent marks the run stopped and stops its part; the head stops its own
+    part at a checkpoint and hands the job back (a preemption, not a failure that counts against retries)."""
+    sqs, url, *_ = cluster
+    with user_code_gang(cluster, tmp_path, monkeypatch, "gc-2") as (out, _, worker_imds, results):
+        wait_for(lambda: started(out), what="both parts to start")
+        worker_imds.spot_interruption()
+    assert results == {"head": [75], "worker": [75]}
+    assert (out / "stopped-0").exists() and (out / "stopped-1").exists()
+    assert the_mark() == {"node_rank": 1, "exit_status": 75}
+    assert "job gc-2: node 1's part stopped at a checkpoint: stopping this node's part at one" in caplog.text
+    assert counts(sqs, url) == (1, 0) and outcomes(sqs, url) == ["handed back"]
+
+
+@pytest.mark.slow
+def test_when_the_heads_part_fails_the_workers_part_is_stopped_too(cluster, tmp_path, monkeypatch, caplog):
+    """The head's own part exits 3: its mark reaches the worker although the head has cleared the assignment."""
+    sqs, url, *_ = cluster
+    with user_code_gang(cluster, tmp_path, monkeypatch, "gc-3", env={"FAIL_RANK": "0"}) as (out, _, _, results):
+        pass
+    assert results == {"head": [1], "worker": [1]}
+    assert (out / "stopped-1").exists() and not (out / "stopped-0").exists()
+    assert the_mark() == {"node_rank": 0, "exit_status": 3}
+    assert "job gc-3: node 0's part failed (exit status 3): stopping this node's part" in caplog.text
+    assert counts(sqs, url) == (0, 1)  # a failure: left for redelivery and the dead-letter queue

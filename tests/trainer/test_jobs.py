@@ -221,6 +221,23 @@ def test_a_job_past_its_timeout_is_stopped_and_fails(queue_and_bucket, tmp_path,
     assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
 
 
+def test_a_stop_asked_while_the_job_is_set_up_is_applied_when_it_starts(queue_and_bucket, tmp_path, monkeypatch):
+    """A cancel (or a heartbeat lapse) read while the bundle is fetched or the image pulled, before the job's
+    process exists: the job is stopped as soon as it starts, not left to run to its end."""
+    sqs, url = queue_and_bucket
+    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "early", "import time\ntime.sleep(600)\n"))
+    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, stop_grace_s=5)
+    real_start = a.start
+
+    def start(*args):
+        a.stop_job()  # what Tracking does on a cancel, with no process to stop yet
+        return real_start(*args)
+
+    monkeypatch.setattr(a, "start", start)
+    assert a.serve(once=True) == 75  # stopped at once: handed back
+    assert counts(sqs, url) == (1, 0)
+
+
 @pytest.mark.slow
 def test_the_example_resumes_exactly_through_the_api(tmp_path):
     """examples/train.py stopped after 3 steps (saved by api.Checkpointer) and rerun logs the losses of a run

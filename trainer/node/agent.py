@@ -25,9 +25,12 @@ from the autoscaling group (trainer.node.rendezvous: head = lowest private IP). 
 publishes the job as s3://<bucket>/gang/assignment.json and runs node rank 0; the others poll that
 object and run their node rank, torchrun's store on the head. The head heartbeats, deletes or hands
 back the message and clears the assignment; a node that got a stop notice completes its own
-terminate hook. Every node is protected from scale-in while its part runs. Fail-fast: a node whose part
-fails (not 0, not 75) marks the run failed on the board; the others see the mark within a poll, stop their
-part (SIGTERM, SIGKILL after FAIL_FAST_GRACE_S) and report a failure, so the head fails the job as a whole.
+terminate hook. Every node is protected from scale-in while its part runs. The first part to end otherwise
+than 0 marks the run on the board (trainer.node.rendezvous.Board.mark); the others see the mark within a poll.
+A part that stopped at a checkpoint (75: a notice, a cancel, the in-flight limit on the head) stops the others
+at one too, with the stop grace, and the head hands the job back: user code is not left waiting in a collective
+for a peer that left. Any other exit status is a failure (fail-fast): the others stop (SIGTERM, SIGKILL after
+FAIL_FAST_GRACE_S) and report a failure, so the head fails the job as a whole.
 """
 from __future__ import annotations
 
@@ -213,6 +216,7 @@ class Agent:
         self.stopping: str | None = None
         self.idle = "no job in the queue"  # logged when --once finds nothing to do
         self._running: Running | None = None
+        self._stop_asked = False  # a stop (cancel, heartbeat lapse, ...) asked for during this message's attempt
         self._timed_out = False
         self._output: Output | None = None  # the running attempt's output, shipped to the bucket
         self._records: RecordStore | None = None
@@ -318,6 +322,7 @@ class Agent:
             return EXIT_OK
         log.info("job %s: claimed (message %s, receive %d, attempt %d, kind %s)", job.job_id, msg.id,
                  msg.receive_count, attempt, job.kind)
+        self._stop_asked = False
         started = time.time()
         self.platform.protect(True)
         heartbeat = Heartbeat(self.queue, msg, self.visibility_s, self._in_flight_limit, self._lapsing).start()
@@ -511,7 +516,7 @@ class Agent:
     def _wait(self, job: Job, run: Running) -> int:
         """Stop the started attempt on a notice or its timeout, wait for it; the outcome."""
         self._running = run
-        if self.stopping:  # the agent was told to stop while the job was being set up
+        if self.stopping or self._stop_asked:  # told to stop (or cancelled) while the job was being set up
             self.stop_job()
         done = threading.Event()
         watchers = []
@@ -615,6 +620,7 @@ class Agent:
     def stop_job(self, notice: bool = False) -> None:
         """SIGTERM the job (and its stop file): the built-in trainer agrees on a step, checkpoints it and
         exits 75; user code gets the grace that fits the notice (or the default) before SIGKILL."""
+        self._stop_asked = True  # applied when the attempt starts, if it has not yet
         run = self._running
         if run is not None:
             run.stop(self.grace(notice))
@@ -669,7 +675,8 @@ class GangAgent(Agent):
         self.gang: Gang | None = None
         self._seen: set[str] = set()  # generations this node has run or ignored
         self._led = False  # whether this agent has acted as the head yet
-        self._peer_failed: dict | None = None  # the failure mark of another node's part of the current run
+        self._peer_mark: dict | None = None  # the end mark of another node's part of the current run
+        self._run: Assignment | None = None  # the run this node's part is in
 
     @property
     def max_nodes(self) -> int:
@@ -719,8 +726,7 @@ class GangAgent(Agent):
         try:
             return self.part(job, a)
         finally:
-            self.board.clear()
-            self.board.clear_failed(a.generation)
+            self.board.clear()  # the run's end mark stays for the parts still running (Board.publish clears it)
 
     def part(self, job: Job, a: Assignment) -> int:
         """This node's part of the assigned job: the trainer through torchrun with its node rank; user code with
@@ -729,7 +735,7 @@ class GangAgent(Agent):
         if job.kind == "trainer":
             args = job_args(job, self.bucket, self.metrics_path(job.job_id))[0]
             trainer_cmd = gang_command(args, self.gang, a.run_id, a.port, self.nproc, self.gang_timeout_s)
-        self._peer_failed = None
+        self._peer_mark, self._run = None, a
         done = threading.Event()
         watcher = threading.Thread(target=self._watch_gang, args=(a, done), name="gang-watch", daemon=True)
         watcher.start()
@@ -737,49 +743,83 @@ class GangAgent(Agent):
             rc = self.execute(job, a.attempt, self.gang.nnodes, self.gang.node_rank, f"{a.head}:{a.port}",
                               trainer_cmd)
         finally:
+            self._run = None
             done.set()
             watcher.join()
-        mark = self._peer_failed
+        mark = self._peer_mark
+        if mark is None and rc != EXIT_OK:
+            mark = self._end_mark(a, rc)
+        if mark is not None and mark["exit_status"] == EXIT_PREEMPTED:  # another part stopped at a checkpoint
+            log.warning("job %s: node %d's part stopped at a checkpoint; this node's part stopped too (exit %d)",
+                        job.job_id, mark["node_rank"], rc)
+            return EXIT_OK if rc == EXIT_OK else EXIT_PREEMPTED
         if mark is not None:  # stopped because another part died: the attempt failed as a whole
             log.error("job %s: node %d's part failed with exit status %d; this node's part stopped (exit %d)",
                       job.job_id, mark["node_rank"], mark["exit_status"], rc)
             return EXIT_FAILED
-        if rc not in (EXIT_OK, EXIT_PREEMPTED):
-            try:
-                self.board.fail(a.generation, self.gang.node_rank, rc)
-            except Exception as exc:  # the others then stop at the heartbeat limit or their collective's timeout
-                log.warning("job %s: could not mark run %s as failed: %s", job.job_id, a.run_id, exc)
         return rc
 
+    def _end_mark(self, a: Assignment, rc: int) -> dict | None:
+        """Mark the run as ended by this part with ``rc``; the mark of another part that stood first, or None."""
+        try:
+            if self.board.mark(a.generation, self.gang.node_rank, rc):
+                return None
+            mark = self.board.mark_of(a.generation)
+        except Exception as exc:  # the others then stop at their collective's timeout
+            log.warning("job %s: could not mark how run %s ended: %s", a.job_id, a.run_id, exc)
+            return None
+        return mark if mark and mark["node_rank"] != self.gang.node_rank else None
+
+    def stop_job(self, notice: bool = False) -> None:
+        """Stop this node's part (a notice, a cancel, the timeout, the in-flight limit), having first marked the
+        run as stopped: the other parts stop at a checkpoint too, and a peer that fails because this part left
+        is not taken for the cause."""
+        a = self._run
+        if a is not None:
+            try:
+                self.board.mark(a.generation, self.gang.node_rank, EXIT_PREEMPTED)
+            except Exception as exc:
+                log.warning("job %s: could not mark run %s as stopping: %s", a.job_id, a.run_id, exc)
+        super().stop_job(notice)
+
     def _watch_gang(self, a: Assignment, done: threading.Event) -> None:
-        """While this node's part runs: poll the run's failure mark; when another node's part failed, stop this
-        part (SIGTERM and the stop file, SIGKILL after FAIL_FAST_GRACE_S: a collective with a dead peer
-        never returns)."""
+        """While this node's part runs: poll the run's end mark. When another node's part stopped at a
+        checkpoint, stop this part the same way (SIGTERM and the stop file, the stop grace); when it failed,
+        stop this part within FAIL_FAST_GRACE_S. Either way SIGKILL if it has not ended by then: a collective
+        with a dead peer never returns."""
         while not done.wait(self.watch_s):
             try:
-                mark = self.board.failed(a.generation)
+                mark = self.board.mark_of(a.generation)
             except Exception as exc:  # a missed poll is retried
-                log.warning("polling the gang's failure mark failed: %s", exc)
+                log.warning("polling the gang's end mark failed: %s", exc)
                 continue
             if not mark or mark["node_rank"] == self.gang.node_rank:
                 continue
-            self._peer_failed = mark
-            log.warning("job %s: node %d's part failed (exit status %d): stopping this node's part",
-                        a.job_id, mark["node_rank"], mark["exit_status"])
+            self._peer_mark = mark
+            stopped = mark["exit_status"] == EXIT_PREEMPTED
+            if stopped:
+                log.warning("job %s: node %d's part stopped at a checkpoint: stopping this node's part at one",
+                            a.job_id, mark["node_rank"])
+            else:
+                log.warning("job %s: node %d's part failed (exit status %d): stopping this node's part",
+                            a.job_id, mark["node_rank"], mark["exit_status"])
             while self._running is None and not done.wait(0.1):
                 pass
             run = self._running
             if run is None:
                 return
-            run.stop(min(FAIL_FAST_GRACE_S, self.grace(notice=False)))
-            if not done.wait(FAIL_FAST_GRACE_S):
-                log.warning("job %s: this node's part did not stop within %d s: killed", a.job_id, FAIL_FAST_GRACE_S)
+            grace = self.grace(notice=False) if stopped else min(FAIL_FAST_GRACE_S, self.grace(notice=False))
+            run.stop(grace)
+            limit = grace + FAIL_FAST_GRACE_S if stopped else FAIL_FAST_GRACE_S
+            if not done.wait(limit):
+                log.warning("job %s: this node's part did not stop within %d s: killed", a.job_id, limit)
                 run.kill()
             return
 
     def follow(self, a: Assignment) -> int:
         """A non-head node's part of the assigned job; the head owns the message."""
         self._seen.add(a.generation)
+        self._stop_asked = False
         log.info("job %s: joining run %s as node %d of %d (head %s)", a.job_id, a.run_id, self.gang.node_rank,
                  a.nnodes, a.head)
         try:

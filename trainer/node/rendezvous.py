@@ -24,7 +24,7 @@ log = logging.getLogger("gpufleet.rendezvous")
 
 C10D_PORT = 29400
 ASSIGNMENT_KEY = "gang/assignment.json"
-FAILED_PREFIX = "gang/failed/"  # + <generation>.json: a node's part of that run failed (fail-fast)
+MARK_PREFIX = "gang/ended/"  # + <generation>.json: the first part of that run to end otherwise than 0
 
 
 class RendezvousError(Exception):
@@ -96,9 +96,12 @@ class Board:
     or nothing) and deletes it when the job ends; the others poll it with If-None-Match on its ETag,
     so an unchanged object costs a 304 without a body.
 
-    Fail-fast: a node whose part of a run fails writes ``gang/failed/<generation>.json``; every node polls the
-    mark of the run it is in and stops its part, so the gang fails as a whole within a poll and a grace
-    instead of hanging in a collective. The head deletes the mark when the run ends."""
+    The end mark: the first node whose part of a run ends otherwise than 0 writes ``gang/ended/<generation>.json``
+    ({node_rank, exit_status}; a conditional create, so the first stands: the cause, not the parts that stopped
+    because of it). Every node polls the mark of the run it is in. 75 (that part stopped at a checkpoint: a notice,
+    a cancel) stops the others at a checkpoint too and the run is handed back; anything else is a failure, and the
+    others stop within a grace (fail-fast) instead of hanging in a collective. A mark stays after the run, for
+    parts still running, until the head publishes the next assignment."""
 
     def __init__(self, bucket: str, s3, key: str = ASSIGNMENT_KEY):
         self.bucket, self.s3, self.key = bucket, s3, key
@@ -106,23 +109,34 @@ class Board:
         self._last: Assignment | None = None
 
     def publish(self, assignment: Assignment) -> None:
+        self.clear_marks()
         self.s3.put_object(Bucket=self.bucket, Key=self.key, Body=assignment.to_json(),
                            ContentType="application/json")
 
     def clear(self) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self.key)
 
-    def fail(self, generation: str, node_rank: int, rc: int) -> None:
-        """Mark the run ``generation`` as failed: this node's part exited ``rc`` (not 0, not 75)."""
-        self.s3.put_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json", ContentType="application/json",
-                           Body=json.dumps({"node_rank": node_rank, "exit_status": rc}).encode())
-
-    def failed(self, generation: str) -> dict | None:
-        """The failure mark of the run ``generation`` ({node_rank, exit_status}), or None."""
+    def mark(self, generation: str, node_rank: int, rc: int) -> bool:
+        """Say that this node's part of run ``generation`` ended with ``rc`` (not 0); False if another part's
+        mark was there first (it stands)."""
         from botocore.exceptions import ClientError
 
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json")["Body"].read()
+            self.s3.put_object(Bucket=self.bucket, Key=f"{MARK_PREFIX}{generation}.json", IfNoneMatch="*",
+                               ContentType="application/json",
+                               Body=json.dumps({"node_rank": node_rank, "exit_status": rc}).encode())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def mark_of(self, generation: str) -> dict | None:
+        """The end mark of the run ``generation`` ({node_rank, exit_status}), or None."""
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=f"{MARK_PREFIX}{generation}.json")["Body"].read()
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 return None
@@ -133,8 +147,13 @@ class Board:
         except (ValueError, TypeError, KeyError):
             return {"node_rank": -1, "exit_status": -1}  # a mark it cannot read still means the run failed
 
-    def clear_failed(self, generation: str) -> None:
-        self.s3.delete_object(Bucket=self.bucket, Key=f"{FAILED_PREFIX}{generation}.json")
+    def clear_marks(self) -> None:
+        """Delete the end marks of earlier runs."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=MARK_PREFIX)
+        for page in pages:
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
 
     def read(self) -> Assignment | None:
         """The current assignment, or None (none, or not a valid one: logged)."""
