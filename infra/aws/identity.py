@@ -19,8 +19,10 @@ class IdentityArgs:
     bucket_arn: pulumi.Input[str]
     key_arn: pulumi.Input[str]
     queue_arn: pulumi.Input[str]
+    dlq_arn: pulumi.Input[str]
     asg_arn: pulumi.Input[str]
     log_group_arn: pulumi.Input[str]
+    parameters_arn: pulumi.Input[str]       # the job secrets' SSM path (policies.parameters_arn)
     metric_namespace: str
     pull_statements: pulumi.Input[list]     # infra.aws.registry.pull_statements
     tags: dict[str, str]
@@ -44,10 +46,10 @@ class Identity(pulumi.ComponentResource):
             opts=child)
         inline = aws.iam.RolePolicy(
             f"{p}-node-policy", role=self.role.name,
-            policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.queue_arn, args.asg_arn,
-                                     args.log_group_arn, args.pull_statements).apply(
-                lambda v: json.dumps(_with(policies.node_policy(*v[:5], metric_namespace=args.metric_namespace),
-                                           v[5]))),
+            policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.queue_arn, args.dlq_arn, args.asg_arn,
+                                     args.log_group_arn, args.parameters_arn, args.pull_statements).apply(
+                lambda v: json.dumps(_with(policies.node_policy(*v[:7], metric_namespace=args.metric_namespace),
+                                           v[7]))),
             opts=child)
         # Nodes launch only once their permissions are in place.
         self.instance_profile = aws.iam.InstanceProfile(

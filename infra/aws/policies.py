@@ -135,8 +135,8 @@ def flow_log_delivery_policy(log_group_arn: str) -> dict:
          "Resource": [log_group_arn, f"{log_group_arn}:*"]})
 
 
-def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log_group_arn: str,
-                metric_namespace: str) -> dict:
+def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, asg_arn: str, log_group_arn: str,
+                parameters_arn: str, metric_namespace: str) -> dict:
     """What a node (trainer agent, preflight, log shipping) may do, and nothing more."""
     return _doc(
         {"Sid": "ListCheckpointBucket", "Effect": "Allow",
@@ -147,10 +147,16 @@ def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, asg_arn: str, log
          "Resource": f"{bucket_arn}/*"},
         {"Sid": "UseStackKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
          "Resource": key_arn},
+        # SendMessage: a hand-back or a retried failure goes back as a fresh message with its attempts
         {"Sid": "ConsumeJobQueue", "Effect": "Allow",
          "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
-                    "sqs:GetQueueAttributes", "sqs:GetQueueUrl"],
+                    "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"],
          "Resource": queue_arn},
+        # a job out of retries, or invalid, is moved to the redrive policy's queue at once
+        {"Sid": "DeadLetterJobs", "Effect": "Allow", "Action": ["sqs:GetQueueUrl", "sqs:SendMessage"],
+         "Resource": dlq_arn},
+        # the secrets a job's env names ({"ssm": NAME}), under the stack's path only
+        {"Sid": "ReadJobSecrets", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameters_arn},
         {"Sid": "LifecycleAndProtection", "Effect": "Allow",
          "Action": ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
                     "autoscaling:SetInstanceProtection", "autoscaling:SetInstanceHealth"],
@@ -198,6 +204,11 @@ def s3_endpoint_policy(account_id: str, bucket_arns: list[str], aws_owned_reads:
                            "Resource": [f"{arn}/*" for arn in aws_owned_reads],
                            "Condition": {"StringEquals": {"aws:PrincipalAccount": account_id}}})
     return _doc(*statements)
+
+
+def parameters_arn(region: str, account_id: str, path: str) -> str:
+    """ARN pattern of the SSM parameters below ``path`` (``/gpufleet/<stack>/``)."""
+    return f"arn:{partition(region)}:ssm:{region}:{account_id}:parameter/{path.strip('/')}/*"
 
 
 def asg_arn(region: str, account_id: str, asg_name: str) -> str:

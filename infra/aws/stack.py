@@ -45,6 +45,7 @@ class Names:
     flow_log_group: str
     chat_log_group: str
     metric_namespace: str
+    parameters: str          # the SSM path of the job secrets nodes may read
     launch_hook: str
     terminate_hook: str
     autoscaling_role_suffix: str
@@ -55,7 +56,8 @@ class Names:
         return cls(prefix=prefix, asg=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
                    flow_log_group=f"/gpufleet/{stack}/vpc-flow-logs",
                    chat_log_group=f"/gpufleet/{stack}/chat-alerts",
-                   metric_namespace=metrics.namespace(stack), launch_hook=f"{prefix}-preflight",
+                   metric_namespace=metrics.namespace(stack), parameters=f"/gpufleet/{stack}/",
+                   launch_hook=f"{prefix}-preflight",
                    terminate_hook=f"{prefix}-checkpoint", autoscaling_role_suffix=role_suffix(prefix))
 
 
@@ -99,9 +101,11 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         pull_through=cfg.pull_through, tags=tags))
     identity = Identity("identity", IdentityArgs(
         prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
-        queue_arn=queue.queue.arn,
+        queue_arn=queue.queue.arn, dlq_arn=queue.dlq.arn,
         asg_arn=account_id.apply(lambda acct: policies.asg_arn(cfg.region, acct, names.asg)),
-        log_group_arn=monitoring.log_group.arn, metric_namespace=names.metric_namespace,
+        log_group_arn=monitoring.log_group.arn,
+        parameters_arn=account_id.apply(lambda acct: policies.parameters_arn(cfg.region, acct, names.parameters)),
+        metric_namespace=names.metric_namespace,
         pull_statements=account_id.apply(lambda acct: registry.pull_statements(
             cfg.region, acct, names.prefix, images.prefixes)),
         tags=tags))

@@ -166,13 +166,13 @@ def code_job(tmp_path, job_id: str, main: str, **fields) -> str:
 
 def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secrets(queue_and_bucket, tmp_path):
     sqs, url = queue_and_bucket
-    boto3.client("ssm").put_parameter(Name="/team/hf", Value="s3cr3t", Type="SecureString")
+    boto3.client("ssm").put_parameter(Name="/gpufleet/dev/hf", Value="s3cr3t", Type="SecureString")
     dump = tmp_path / "env.json"
     main = ("import json, os, sys\n"
             f"json.dump({{'env': dict(os.environ), 'cwd': os.getcwd(), 'python': sys.executable}}, open({str(dump)!r}, 'w'))\n")
-    body = code_job(tmp_path, "env-1", main, env={"MODE": "fast", "HF_TOKEN": {"ssm": "/team/hf"}})
+    body = code_job(tmp_path, "env-1", main, env={"MODE": "fast", "HF_TOKEN": {"ssm": "/gpufleet/dev/hf"}})
     sqs.send_message(QueueUrl=url, MessageBody=body)
-    node = {"region": "eu-west-1"}
+    node = {"region": "eu-west-1", "stack": "dev"}
     a = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0, platform=NodePlatform(node))
     assert a.serve(once=True) == 0
     seen = json.loads(dump.read_text())
@@ -186,6 +186,19 @@ def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secret
     assert seen["cwd"] == str(tmp_path / "a" / "jobs" / "env-1" / "code")
     assert seen["env"]["PATH"].split(":")[0] == os.path.dirname(sys.executable)  # the node image's Python first
     assert counts(sqs, url) == (0, 0)
+
+
+def test_a_missing_ssm_parameter_fails_that_job_with_one_line_naming_the_stacks_path(queue_and_bucket, tmp_path,
+                                                                                      caplog):
+    sqs, url = queue_and_bucket
+    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "ssm-1", "print('never')\n",
+                                                        env={"HF_TOKEN": {"ssm": "/gpufleet/dev/nope"}}))
+    node = {"region": "eu-west-1", "stack": "dev"}
+    a = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0, platform=NodePlatform(node))
+    assert a.serve(once=True) == 1
+    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert line == ("job ssm-1: cannot start: env: ssm:/gpufleet/dev/nope: ParameterNotFound: no such SSM parameter; "
+                    "create it below /gpufleet/dev/ (aws ssm put-parameter --type SecureString)")
 
 
 def test_key_vault_secrets_reach_a_job_and_an_unreadable_one_fails_only_that_job(queue_and_bucket, tmp_path, caplog):

@@ -580,10 +580,24 @@ class NodePlatform(Platform):
         return f"launch hook {hook}: {'CONTINUE' if ok else 'ABANDON'}"
 
     def secret(self, source: str, name: str) -> str:
-        """An SSM parameter (SecureString decrypted with the stack key) the node role may read."""
+        """An SSM parameter (a SecureString is decrypted with its key) below the stack's path
+        ``/gpufleet/<stack>/``, the only parameters the node role may read."""
         if source != "ssm":
             return super().secret(source, name)
-        return self.client("ssm").get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+        from botocore.exceptions import ClientError
+
+        path = f"/gpufleet/{self.node.get('stack', '<stack>')}/"
+        try:
+            return self.client("ssm").get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "ParameterNotFound":
+                hint = f"no such SSM parameter; create it below {path} (aws ssm put-parameter --type SecureString)"
+            elif code.startswith("AccessDenied"):
+                hint = f"the node role may read SSM parameters below {path} only"
+            else:
+                hint = f"SSM refused the read ({exc})"
+            raise UsageError(f"env: ssm:{name}: {code}: {hint}") from None
 
     def registry_login(self, image: str):
         """ECR credentials through the instance role (GetAuthorizationToken, valid 12 hours, cached) for an image

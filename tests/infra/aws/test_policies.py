@@ -11,6 +11,8 @@ from tests.infra.aws.harness import assert_autoscaling_ebs_grants, assert_least_
 BUCKET = "arn:aws:s3:::gpufleet-dev-data-abc"
 KEY = "arn:aws:kms:eu-west-1:123456789012:key/k"
 QUEUE = "arn:aws:sqs:eu-west-1:123456789012:jobs"
+DLQ = "arn:aws:sqs:eu-west-1:123456789012:jobs-dlq"
+PARAMETERS = policies.parameters_arn("eu-west-1", "123456789012", "/gpufleet/dev/")
 ASG = policies.asg_arn("eu-west-1", "123456789012", "gpufleet-dev-nodes")
 LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"
 FLOW_LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev/vpc-flow-logs"
@@ -18,12 +20,21 @@ SLR = ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.co
        "AWSServiceRoleForAutoScaling_gpufleet-dev")
 
 
+def node_policy() -> dict:
+    return policies.node_policy(BUCKET, KEY, QUEUE, DLQ, ASG, LOGS, PARAMETERS, "gpufleet/dev")
+
+
 def test_node_policy_is_least_privilege_and_scoped():
-    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    doc = node_policy()
     assert_least_privilege(doc, "gpufleet/dev")
     resources = {r for st in doc["Statement"] for r in
                  (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])}
-    assert resources == {BUCKET, f"{BUCKET}/*", KEY, QUEUE, ASG, LOGS, f"{LOGS}:*", "*"}
+    assert resources == {BUCKET, f"{BUCKET}/*", KEY, QUEUE, DLQ, ASG, LOGS, f"{LOGS}:*", PARAMETERS, "*"}
+    assert PARAMETERS == "arn:aws:ssm:eu-west-1:123456789012:parameter/gpufleet/dev/*"
+    on_dlq = {a for st in doc["Statement"] if st["Resource"] == DLQ for a in st["Action"]}
+    assert on_dlq == {"sqs:GetQueueUrl", "sqs:SendMessage"}  # the node puts jobs there; it never reads them
+    on_queue = {a for st in doc["Statement"] if st["Resource"] == QUEUE for a in st["Action"]}
+    assert "sqs:SendMessage" in on_queue  # a hand-back sends the job back as a fresh message
     assert ASG == "arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/gpufleet-dev-nodes"
 
 
@@ -129,20 +140,32 @@ TRAINER_CALLS = {
     "describe_instances": "ec2:DescribeInstances",
     "get_object": "s3:GetObject", "head_object": "s3:GetObject", "download_fileobj": "s3:GetObject",
     "upload_fileobj": "s3:PutObject", "upload_file": "s3:PutObject", "delete_object": "s3:DeleteObject",
-    "list_objects_v2": "s3:ListBucket",
+    "list_objects_v2": "s3:ListBucket", "put_object": "s3:PutObject", "delete_objects": "s3:DeleteObject",
+    "send_message": "sqs:SendMessage", "get_queue_attributes": "sqs:GetQueueAttributes",
+    "get_queue_url": "sqs:GetQueueUrl", "get_parameter": "ssm:GetParameter",
+    "get_authorization_token": "ecr:GetAuthorizationToken",
 }
+# The services whose clients the node-side trainer makes.
+TRAINER_SERVICES = ("sqs", "s3", "autoscaling", "ec2", "ecr", "ssm", "cloudwatch", "logs", "sts")
 
 
 def test_node_policy_allows_every_call_the_trainer_makes():
-    import re
-    from pathlib import Path
+    """Every operation of an AWS client that the node-side trainer calls (directly or through a paginator)
+    has its IAM action in TRAINER_CALLS, and the node's policy (with the registry's pull statements) allows it."""
+    import boto3
 
     source = "\n".join(p.read_text() for p in (Path(__file__).parents[3] / "trainer").rglob("*.py")
                        if p.parent.name != "clouds" or p.name == "aws.py")  # the AWS side: not the other clouds
-    called = {m for m in TRAINER_CALLS if re.search(rf"[.\"']{m}\b", source)}
-    assert {"receive_message", "set_instance_health", "complete_lifecycle_action"} <= called
-    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
-    allowed = {a for st in doc["Statement"] if st["Effect"] == "Allow"
+    operations = set().union(*(boto3.client(s, region_name="eu-west-1").meta.method_to_api_mapping
+                               for s in TRAINER_SERVICES))
+    named = set(re.findall(r"\.(\w+)\(", source)) | set(re.findall(r"get_paginator\(\s*[\"'](\w+)", source))
+    called = {m for m in named if m in operations or m in TRAINER_CALLS}
+    assert {"receive_message", "send_message", "get_parameter", "set_instance_health", "complete_lifecycle_action",
+            "list_objects_v2"} <= called
+    assert called <= set(TRAINER_CALLS), f"which IAM action do {sorted(called - set(TRAINER_CALLS))} need?"
+    doc = node_policy()
+    statements = doc["Statement"] + registry.pull_statements("eu-west-1", "123456789012", "gpufleet-dev", [])
+    allowed = {a for st in statements if st["Effect"] == "Allow"
                for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
     assert {TRAINER_CALLS[m] for m in called} <= allowed
 
@@ -169,12 +192,12 @@ def test_node_role_lets_the_cloudwatch_agent_resolve_every_placeholder():
     assert "${aws:AutoScalingGroupName}" in used
     assert used <= set(AGENT_PLACEHOLDER_ACTIONS), f"what permission does {used - set(AGENT_PLACEHOLDER_ACTIONS)} need?"
     needed = set().union(*(AGENT_PLACEHOLDER_ACTIONS[p] for p in used))
-    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    doc = node_policy()
     assert needed and needed <= _allowed_on_any_resource(doc)
 
 
 def test_without_describe_tags_the_placeholder_check_fails():
-    doc = policies.node_policy(BUCKET, KEY, QUEUE, ASG, LOGS, "gpufleet/dev")
+    doc = node_policy()
     doc["Statement"] = [st for st in doc["Statement"] if st.get("Sid") != "ResolveAgentDimensions"]
     assert "ec2:DescribeTags" not in _allowed_on_any_resource(doc)
 

@@ -328,11 +328,13 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     assert_least_privilege(doc, f"gpufleet/{built.cfg.stack}")
     bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
     queue_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["queueUrl"])
+    dlq_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["dlqUrl"])
     log_arn = _log_group(built, built.outputs["logGroup"]).state["arn"]
     scoped = {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
     repositories = {built.one(T["repo"]).state["arn"]} | {
         f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{rule.prefix}/*" for rule in built.cfg.pull_through}
-    assert scoped - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], queue_arn, log_arn,
+    secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
+    assert scoped - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], queue_arn, dlq_arn, secrets, log_arn,
                               log_arn + ":*", f"arn:aws:autoscaling:{built.cfg.region}:123456789012:autoScalingGroup:*:"
                                               f"autoScalingGroupName/{built.outputs['autoscalingGroup']}"} | repositories
     profile = built.one("aws:iam/instanceProfile:InstanceProfile")
