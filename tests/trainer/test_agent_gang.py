@@ -265,6 +265,12 @@ def objects(prefix: str) -> list[str]:
     return [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix=prefix).get("Contents", [])]
 
 
+def the_mark() -> dict:
+    """The one end mark on the board."""
+    (key,) = objects(MARK_PREFIX)
+    return json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=key)["Body"].read())
+
+
 @pytest.mark.slow
 def test_a_failed_part_stops_the_other_nodes_part_and_the_job_fails_as_a_whole(cluster, tmp_path):
     """Node 1's rank exits 3 at its first step; the head's rank waits at a gate (as a rank in a collective with
@@ -289,8 +295,7 @@ def test_a_failed_part_stops_the_other_nodes_part_and_the_job_fails_as_a_whole(c
     assert "stopped after a checkpoint" not in head_err  # a failure, not a preemption
     assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
     assert assignment() is None  # the head cleared the assignment; the mark stays for parts still running
-    assert [json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=k)["Body"].read())
-            for k in objects(MARK_PREFIX)] == [{"node_rank": 1, "exit_status": 1}]
+    assert the_mark() == {"node_rank": 1, "exit_status": 1}
     assert not protected(head_id) and not protected(worker_id)
 
 
@@ -322,8 +327,7 @@ def test_a_preempted_nodes_replacement_joins_the_next_attempt_which_resumes_from
             (head_rc, head_err), (worker_rc, worker_err) = finish(head), finish(worker)
     assert (head_rc, worker_rc) == (75, 75), head_err + worker_err
     assert "message handed back" in head_err  # a preemption, not a failure
-    (mark,) = objects(MARK_PREFIX)
-    assert json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=mark)["Body"].read())["exit_status"] == 75
+    assert the_mark()["exit_status"] == 75
     stopped = saved("llm-6")[0]
     assert 1 <= stopped < 6
 
@@ -410,11 +414,6 @@ def user_code_gang(cluster, tmp_path, monkeypatch, job_id: str, env: dict | None
 
 def started(out) -> bool:
     return (out / "started-0").exists() and (out / "started-1").exists()
-
-
-def the_mark() -> dict:
-    (key,) = objects(MARK_PREFIX)
-    return json.loads(boto3.client("s3").get_object(Bucket="ckpt", Key=key)["Body"].read())
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ By hand, `python -m trainer rendezvous --job-id ID` prints this node's torchrun 
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -116,44 +117,37 @@ class Board:
     def clear(self) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=self.key)
 
+    @functools.cached_property
+    def _marks(self):
+        """The end marks, as a store (trainer.clouds.aws.S3Store) on their prefix of the bucket."""
+        from trainer.clouds.aws import S3Store
+
+        return S3Store(self.bucket, MARK_PREFIX, client=self.s3)
+
     def mark(self, generation: str, node_rank: int, rc: int) -> bool:
         """Say that this node's part of run ``generation`` ended with ``rc`` (not 0); False if another part's
         mark was there first (it stands)."""
-        from botocore.exceptions import ClientError
-
         try:
-            self.s3.put_object(Bucket=self.bucket, Key=f"{MARK_PREFIX}{generation}.json", IfNoneMatch="*",
-                               ContentType="application/json",
-                               Body=json.dumps({"node_rank": node_rank, "exit_status": rc}).encode())
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
-            raise
+            self._marks.create(f"{generation}.json", json.dumps({"node_rank": node_rank, "exit_status": rc}).encode())
+        except FileExistsError:
+            return False
         return True
 
     def mark_of(self, generation: str) -> dict | None:
         """The end mark of the run ``generation`` ({node_rank, exit_status}), or None."""
-        from botocore.exceptions import ClientError
-
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=f"{MARK_PREFIX}{generation}.json")["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                return None
-            raise
-        try:
-            mark = json.loads(body)
+            mark = json.loads(self._marks.read_bytes(f"{generation}.json"))
             return {"node_rank": int(mark["node_rank"]), "exit_status": int(mark["exit_status"])}
+        except FileNotFoundError:
+            return None
         except (ValueError, TypeError, KeyError):
             return {"node_rank": -1, "exit_status": -1}  # a mark it cannot read still means the run failed
 
     def clear_marks(self) -> None:
         """Delete the end marks of earlier runs."""
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=MARK_PREFIX)
-        for page in pages:
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+        marks = self._marks
+        for key in marks.list():
+            marks.delete(key)
 
     def read(self) -> Assignment | None:
         """The current assignment, or None (none, or not a valid one: logged)."""
