@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "catalog": ("infra.catalog", "the GPU instance catalog: list it, or compare it with EC2"),
     "jobs": ("infra.jobs", "training jobs on a cluster's queue"),
     "demo": ("infra.demo", "the cluster in a box: moto for the account, two local nodes, a sweep, a spot notice"),
+    "box": ("infra.box.cli", "the cluster in a box, a real Slurm on this machine: up, down, env, status, notice"),
 }
 
 

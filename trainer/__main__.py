@@ -1,4 +1,5 @@
-"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous`: the command boundary.
+"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous|controller|nodes|task`: the command
+boundary.
 
 A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
 runtime fault the clouds can name (an endpoint refusing connections) one line and exit 1; Ctrl-C exits
@@ -22,6 +23,9 @@ COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "submit": "trainer.jobs.submit",
     "shards": "trainer.loop.shards",
     "rendezvous": "trainer.node.rendezvous",
+    "controller": "trainer.slurm.bridge",
+    "nodes": "trainer.slurm.nodes",
+    "task": "trainer.slurm.task",
 }
 
 

@@ -184,7 +184,7 @@ def running_dockerd():
 @pytest.fixture(scope="session")
 def dockerd():
     """The session's Docker daemon (DOCKER_HOST=dockerd.host for whoever runs docker)."""
-    if not shutil.which("dockerd") or os.geteuid() != 0:
-        pytest.skip("needs dockerd (Debian's docker.io) and root")
+    if not shutil.which("dockerd") or os.geteuid() != 0:  # a missing tool fails, never skips (`make tools`)
+        pytest.fail("needs dockerd (Debian's docker.io, `make tools`) and root")
     with running_dockerd() as d:
         yield d

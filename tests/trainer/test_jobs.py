@@ -27,7 +27,7 @@ SHA = "0" * 64
 def test_the_schema_names_every_field_of_the_job():
     props = schema()["properties"]
     assert list(props) == ["spec", "job_id", "kind", "args", "image", "code", "command", "nodes", "gpus_per_node",
-                           "env", "timeout", "retries", "attempts"]
+                           "env", "timeout", "retries", "array", "attempts"]
     assert set(Job.__dataclass_fields__) == set(props) - {"spec"}
     assert SCHEMA_PATH.name == "job.schema.json" and props["kind"]["enum"] == ["trainer", "image", "code"]
 

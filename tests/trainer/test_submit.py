@@ -9,6 +9,8 @@ import sys
 import tarfile
 
 import boto3
+import re
+
 import pytest
 
 from tests.trainer.gated import ROOT
@@ -30,7 +32,11 @@ def test_grid_ids_derive_from_values():
     jobs = expand(Job("exp", args=("--steps", "100")), [("lr", ["1e-3", "3e-4"]), ("batch-size", ["8", "16"])])
     assert [j.job_id for j in jobs] == ["exp.lr-1e-3.batch-size-8", "exp.lr-1e-3.batch-size-16",
                                         "exp.lr-3e-4.batch-size-8", "exp.lr-3e-4.batch-size-16"]
-    assert jobs[1] == Job("exp.lr-1e-3.batch-size-16", args=("--steps", "100", "--lr", "1e-3", "--batch-size", "16"))
+    nonce = jobs[0].array["nonce"]  # one Slurm job array: every member names the sweep, its index and size
+    assert re.fullmatch(r"[0-9a-f]{32}", nonce)
+    assert jobs[1] == Job("exp.lr-1e-3.batch-size-16", args=("--steps", "100", "--lr", "1e-3", "--batch-size", "16"),
+                          array={"id": "exp", "nonce": nonce, "index": 1, "count": 4})
+    assert [j.array["index"] for j in jobs] == [0, 1, 2, 3] and {j.array["nonce"] for j in jobs} == {nonce}
     assert expand(Job("one", args=("--steps", "5")), []) == [Job("one", args=("--steps", "5"))]
 
 

@@ -3,7 +3,7 @@ trainer.jobs.records, the output of trainer.jobs.logs). The console (flags, the 
 catalog) is infra/jobs.py; this module needs neither Pulumi nor infra.
 
 Where the jobs are: ``--stack NAME`` (the outputs of ``pulumi stack output --json --stack NAME``, run in the
-project directory), or ``--queue-url``/``--bucket`` (environment: GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET,
+project directory; ``--stack box``: the running cluster in a box, see :func:`box_target`), or ``--queue-url``/``--bucket`` (environment: GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET,
 GPUFLEET_DLQ_URL).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from trainer.errors import UsageError
@@ -24,6 +25,7 @@ from trainer.jobs.records import RecordStore
 if TYPE_CHECKING:
     from trainer.jobs.queue import JobQueue
 
+BOX_STACK = "box"  # --stack box: the running cluster in a box, no Pulumi
 ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL"}
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -69,8 +71,31 @@ def target_of_outputs(stack: str, outputs: dict) -> Target:
     return Target(bucket, outputs["queueUrl"], outputs.get("dlqUrl") or outputs.get("poisonQueueUrl"))
 
 
+def box_dir(environ=os.environ) -> Path:
+    """Where the cluster in a box lives (`gpufleet box up --dir`): GPUFLEET_BOX_DIR, else ~/.gpufleet/box."""
+    return Path(environ.get("GPUFLEET_BOX_DIR") or Path.home() / ".gpufleet" / "box")
+
+
+def box_target(environ=os.environ) -> Target:
+    """The running box's bucket and queues (its state.json); its account (moto on loopback) becomes this
+    process's AWS endpoint unless one is set."""
+    path = box_dir(environ) / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UsageError(f"--stack box: no box is running ({path} is missing); start one with `gpufleet box up` "
+                         "(or set GPUFLEET_BOX_DIR to its --dir)") from None
+    for key, value in (("AWS_ENDPOINT_URL", state["endpoint"]), ("AWS_DEFAULT_REGION", state["region"]),
+                       ("AWS_ACCESS_KEY_ID", "box"), ("AWS_SECRET_ACCESS_KEY", "box"),
+                       ("AWS_EC2_METADATA_DISABLED", "true")):
+        environ.setdefault(key, value)
+    return Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
+
+
 def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str | None, dlq_url: str | None = None,
             environ=os.environ) -> Target:
+    if stack == BOX_STACK:
+        return box_target(environ)
     if stack:
         return target_of_outputs(stack, stack_outputs(stack, project_dir))
     bucket = bucket or environ.get(ENV["bucket"])

@@ -2,7 +2,8 @@
 docs share, and the checks a schema cannot make (train's own flags, secrets written inline, the stack's size).
 
 Version 1: ``{"spec": 1, "job_id", "kind": "trainer"|"image"|"code", "args" | "image"+"command" |
-"code"+"command", "nodes", "gpus_per_node", "env", "timeout", "retries": {"on_error", "on_exit_codes"}, "attempts"}`` (attempts: the history a retried job carries).
+"code"+"command", "nodes", "gpus_per_node", "env", "timeout", "retries": {"on_error", "on_exit_codes"}, "array", "attempts"}`` (array: a sweep's member, which the bridge
+runs as one Slurm job array; attempts: the history a retried job carries).
 
 Messages without "spec" are version 0, today's ``{"job_id", "args"}`` of the built-in trainer: :func:`migrate`
 turns them into version 1 (kind trainer, every other field at its default), explicitly and only that shape.
@@ -60,6 +61,7 @@ class Job:
     timeout: int | None = None
     retries: dict = field(default_factory=lambda: {"on_error": 0, "on_exit_codes": []})
     attempts: tuple[dict, ...] = ()  # earlier attempts that ended without finishing (see with_attempt)
+    array: dict | None = None  # a sweep's member: {"id", "nonce", "index", "count"} (one Slurm job array)
 
     def to_dict(self) -> dict:
         out = {"spec": SPEC_VERSION, "job_id": self.job_id, "kind": self.kind}
@@ -70,6 +72,8 @@ class Job:
             out["command"] = list(self.command)
         out.update(nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=dict(self.env), timeout=self.timeout,
                    retries=dict(self.retries))
+        if self.array:
+            out["array"] = dict(self.array)
         if self.attempts:
             out["attempts"] = [dict(a) for a in self.attempts]
         return out
@@ -181,7 +185,7 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
     job = Job(job_id=job_id, kind=raw["kind"], args=tuple(raw.get("args", ())), image=raw.get("image"),
               code=raw.get("code"), command=tuple(raw.get("command", ())), nodes=raw.get("nodes", 1),
               gpus_per_node=raw.get("gpus_per_node"), env=dict(raw.get("env", {})), timeout=raw.get("timeout"),
-              retries=retries, attempts=tuple(raw.get("attempts", ())))
+              retries=retries, attempts=tuple(raw.get("attempts", ())), array=raw.get("array"))
     size = job_bytes(job)
     if size > MAX_ARGS_BYTES:
         what = "args" if job.kind == "trainer" else "command and env"

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from dataclasses import replace
 
 from trainer.errors import ArgumentParser, UsageError
@@ -97,6 +98,10 @@ def expand(base: Job, sweeps: list[tuple[str, list[str]]], max_nodes: int | None
         jobs.append(validate(job.to_dict(), max_nodes))
     if len({j.job_id for j in jobs}) != len(jobs):
         raise UsageError("--sweep: two combinations give the same job id; use values that differ in letters or digits")
+    if len(jobs) > 1:  # one Slurm job array: the bridge gathers the members by the submit's nonce
+        nonce = uuid.uuid4().hex
+        jobs = [replace(j, array={"id": base.job_id, "nonce": nonce, "index": i, "count": len(jobs)})
+                for i, j in enumerate(jobs)]
     return jobs
 
 

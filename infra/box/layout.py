@@ -1,0 +1,146 @@
+"""Where everything of a box lives, and what it runs: pure functions of the box's directory, ports and nodes.
+
+One directory holds it all (default ``~/.gpufleet/box``, or GPUFLEET_BOX_DIR):
+
+    state.json         written once the box is up: pids, the account's endpoint, bucket, queues, nodes
+    account/           moto's files
+    munge/             the box's munge key and socket (munged of its own)
+    slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, spool,
+                       logs, job output
+    nodes/<name>/      each node's notice file (``gpufleet box notice``) and its jobs' files
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.jobs.commands import box_dir as default_dir  # noqa: F401 (the one default)
+from trainer.slurm.conf import Cluster, LocalNode, Partition
+
+PARTITION = "gpu"
+DEFAULT_NODES = 2
+CPUS_PER_NODE = 1          # the box's nodes share this machine: one job each, like a GPU node
+MEMORY_MB = 2048
+SUSPEND_TIME_S = 60        # idle nodes power down after a minute
+CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)
+KILL_WAIT_S = 30
+SLURMD_TIMEOUT_S = 20      # a node silent this long is DOWN and its jobs requeued
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    nodes: int = DEFAULT_NODES
+    slurmctld_port: int = 0
+    instance_type: str = "g6.xlarge"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.slurm / "slurm.conf"
+
+    @property
+    def nodes_config(self) -> Path:
+        return self.slurm / "nodes.json"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "munge" / "munge.key"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.slurm / "output"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.slurm / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.slurm / "run"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.root / "work"
+
+    def node_names(self) -> list[str]:
+        return [f"{PARTITION}-{i}" for i in range(1, self.nodes + 1)]
+
+    def notice_file(self, node: str) -> Path:
+        return self.root / "nodes" / node / "notice"
+
+    def ports(self) -> dict[str, int]:
+        """slurmctld's port, slurmd's default and one per node, consecutive from slurmctld's."""
+        base = self.slurmctld_port
+        return {"slurmctld": base, "slurmd": base + 1,
+                **{n: base + 2 + i for i, n in enumerate(self.node_names())}}
+
+    def program(self, name: str) -> Path:
+        return self.slurm / "bin" / name
+
+
+def cluster(layout: Layout) -> Cluster:
+    """The box's Slurm cluster: one partition of CLOUD nodes, each a local slurmd on its own port."""
+    ports = layout.ports()
+    s = layout.slurm
+    return Cluster(
+        name="box", controller="localhost", controller_addr="127.0.0.1",
+        partitions=(Partition(PARTITION, layout.nodes, CPUS_PER_NODE, MEMORY_MB,
+                              features=(layout.instance_type, "spot"), default=True),),
+        state_dir=str(s / "state"), spool_dir=str(s / "spool"), log_dir=str(layout.log_dir),
+        run_dir=str(layout.run_dir),
+        programs={p: str(layout.program(p)) for p in ("resume", "suspend", "resume_fail")},
+        cloud="local", slurmctld_port=ports["slurmctld"], slurmd_port=ports["slurmd"],
+        slurm_user=_user(), munge_socket=str(layout.munge_socket), cred_expire_s=CRED_EXPIRE_S,
+        suspend_time_s=SUSPEND_TIME_S, suspend_timeout_s=10, resume_timeout_s=120,
+        slurmd_timeout_s=SLURMD_TIMEOUT_S, kill_wait_s=KILL_WAIT_S, fast_scheduling=True,
+        local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()})
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def program_script(python: str, action: str, nodes_config: Path, slurm_conf: Path, log: Path) -> str:
+    """A power saving program: slurmctld runs it with a hostlist and no PATH."""
+    return ("#!/bin/sh\n"
+            f"# slurmctld's {action} program for the box\n"
+            f"SLURM_CONF={shlex.quote(str(slurm_conf))} exec {shlex.quote(python)} -m trainer nodes {action} \"$1\" "
+            f"--config {shlex.quote(str(nodes_config))} >>{shlex.quote(str(log))} 2>&1\n")
+
+
+def nodes_config(layout: Layout, python: str, imds: dict[str, str]) -> dict:
+    """trainer.slurm.nodes.LocalProvider's config."""
+    return {"provider": "local", "cloud": "aws", "slurm_conf": str(layout.slurm_conf),
+            "run_dir": str(layout.run_dir), "spool_dir": str(layout.slurm / "spool"), "log_dir": str(layout.log_dir),
+            "python": python,
+            "nodes": {n: {"imds": imds[n], "notice_file": str(layout.notice_file(n))} for n in layout.node_names()}}
+
+
+def exports(state: dict) -> list[str]:
+    """The shell lines that point Slurm's commands and `gpufleet jobs --stack box` at a running box."""
+    return [f"export SLURM_CONF={shlex.quote(state['slurm_conf'])}",
+            f"export GPUFLEET_BOX_DIR={shlex.quote(state['dir'])}"]
+
+
+def read_state(root: Path) -> dict | None:
+    try:
+        return json.loads((root / "state.json").read_text())
+    except (OSError, ValueError):
+        return None

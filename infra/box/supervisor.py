@@ -1,0 +1,248 @@
+"""The box's one long-lived process (``python -m infra.box serve``, started in the background by `box up`).
+
+It holds the account (moto server with the dev stack's bucket and queues, from its preview, as the demo made
+them), a fake metadata endpoint per node, the box's own munged, slurmctld, and the bridge (restarted when it
+dies, as systemd's Restart=always does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving
+starts and stops them (trainer.slurm.nodes, the local provider). A node's notice file (`box notice NODE`) turns
+into a spot interruption notice at its metadata endpoint.
+
+SIGTERM stops it all: the bridge, the nodes (their slurmd, watchers and jobs), slurmctld, munged, moto, and
+anything left below this process; then state.json is removed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.box import layout as lay
+from infra.demo.cluster import CREDENTIALS, REPO, Cluster, become_subreaper, descendants, preview_document
+from infra.demo.imds import FakeImds
+
+log = logging.getLogger("gpufleet.box")
+
+READY_TIMEOUT_S = 30.0
+BOX_ID = "GPUFLEET_BOX_ID"  # in the environment of every process of a box (how `down` finds them all)
+
+
+class Supervisor:
+    def __init__(self, layout: lay.Layout, stack: str = "dev"):
+        self.layout, self.stack = layout, stack
+        self.account = Cluster(stack, layout.root / "account", keep_dir=True)
+        self.imds: dict[str, FakeImds] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stopping = False
+        self.python = sys.executable
+        self.box_id = secrets.token_hex(8)
+
+    # --- start -----------------------------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """What the bridge, and through sbatch every job, runs with: the account, Slurm's config, the work dir."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SLURM_"))}
+        env.update(CREDENTIALS, AWS_ENDPOINT_URL=self.account.endpoint, AWS_DEFAULT_REGION=self.account.res.region,
+                   AWS_EC2_METADATA_DISABLED="true", SLURM_CONF=str(self.layout.slurm_conf),
+                   GPUFLEET_WORK_DIR=str(self.layout.work_dir),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                   OMP_NUM_THREADS="1", TMPDIR=str(self.layout.root / "tmp"), **{BOX_ID: self.box_id})
+        return env
+
+    def start(self) -> dict:
+        L = self.layout
+        for d in (L.root / "account", L.root / "tmp", L.slurm / "bin", L.slurm / "state", L.slurm / "spool",
+                  L.log_dir, L.run_dir, L.output_dir, L.work_dir, L.munge_key.parent,
+                  *(L.notice_file(n).parent for n in L.node_names())):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(L.root, 0o755)  # munged wants every directory above its socket searchable
+        self.account.start(preview_document(self.stack))
+        self.account.provision()
+        r = self.account.res
+        for i, name in enumerate(L.node_names()):
+            self.imds[name] = FakeImds(f"i-0b0x{i:013x}", L.instance_type, f"10.0.0.{10 + i}", r.region).__enter__()
+        self.start_munge()
+        self.write_slurm(L)
+        self.procs["slurmctld"] = self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(L.slurm_conf)])
+        self.wait_controller()
+        self.start_bridge()
+        state = {"pid": os.getpid(), "dir": str(L.root), "stack": self.stack, "endpoint": self.account.endpoint,
+                 "region": r.region, "bucket": r.bucket_name, "queue_url": self.account.queue_url,
+                 "dlq_url": self.account.dlq_url, "slurm_conf": str(L.slurm_conf),
+                 "instance_type": L.instance_type, "nodes": {n: self.imds[n].endpoint for n in L.node_names()},
+                 "slurmctld_port": L.ports()["slurmctld"], "box_id": self.box_id, "started": time.time()}
+        tmp = L.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(L.state_file)
+        return state
+
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        with open(self.layout.log_dir / f"{name}.out", "ab") as out:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    env=env or self.env(), cwd=self.layout.root)
+
+    def start_munge(self) -> None:
+        L = self.layout
+        if not L.munge_key.exists():
+            fd = os.open(L.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(1024))
+        m = L.munge_key.parent
+        self.procs["munged"] = self._spawn("munged", [
+            "munged", "--foreground", f"--socket={L.munge_socket}", f"--key-file={L.munge_key}",
+            f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'munged.seed'}", f"--log-file={m / 'munged.log'}"])
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not L.munge_socket.exists():
+            if self.procs["munged"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged did not start (see {m / 'munged.log'})")
+            time.sleep(0.05)
+
+    def write_slurm(self, L: lay.Layout) -> None:
+        from trainer.slurm.conf import render_gres_conf, render_slurm_conf
+
+        cluster = lay.cluster(L)
+        L.slurm_conf.write_text(render_slurm_conf(cluster))
+        (L.slurm / "gres.conf").write_text(render_gres_conf(cluster))
+        L.nodes_config.write_text(json.dumps(lay.nodes_config(L, self.python, {
+            n: i.endpoint for n, i in self.imds.items()}), indent=2))
+        for action, program in (("resume", "resume"), ("suspend", "suspend"), ("resume-fail", "resume_fail")):
+            path = L.program(program)
+            path.write_text(lay.program_script(self.python, action, L.nodes_config, L.slurm_conf,
+                                               L.log_dir / "power.log"))
+            path.chmod(0o755)
+
+    def wait_controller(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            done = subprocess.run(["scontrol", "ping"], env=self.env(), capture_output=True, text=True)
+            if "UP" in done.stdout:
+                return
+            if self.procs["slurmctld"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"slurmctld did not start (see {self.layout.log_dir / 'slurmctld.log'})")
+            time.sleep(0.1)
+
+    def start_bridge(self) -> None:
+        L, r = self.layout, self.account.res
+        self.procs["bridge"] = self._spawn("bridge", [
+            self.python, "-m", "trainer", "controller", "--queue-url", self.account.queue_url,
+            "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
+            "--instance-type", L.instance_type])
+
+    # --- while it runs ---------------------------------------------------------------------------------------
+
+    def tend(self) -> None:
+        """Notices asked for become the nodes' metadata; a dead bridge is started again."""
+        for name, imds in self.imds.items():
+            asked = self.layout.notice_file(name).exists()
+            has = "meta-data/spot/instance-action" in imds.items
+            if asked and not has:
+                imds.spot_interruption()
+                log.info("node %s: spot interruption notice", name)
+            elif has and not asked:
+                with imds._lock:
+                    imds.items.pop("meta-data/spot/instance-action", None)
+        bridge = self.procs.get("bridge")
+        if bridge is not None and bridge.poll() is not None and not self.stopping:
+            log.warning("the bridge exited (%s); starting it again", bridge.returncode)
+            self.start_bridge()
+
+    def serve(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
+        while not self.stopping:
+            self.tend()
+            time.sleep(0.2)
+        return 0
+
+    # --- stop ------------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stopping = True
+        from trainer.slurm.nodes import LocalProvider
+
+        bridge = self.procs.pop("bridge", None)
+        if bridge is not None:
+            bridge.terminate()
+            _wait(bridge, 10)
+        if self.layout.nodes_config.exists():
+            try:
+                LocalProvider(json.loads(self.layout.nodes_config.read_text()), str(self.layout.nodes_config)) \
+                    .suspend(self.layout.node_names())
+            except Exception as exc:
+                log.warning("stopping the nodes: %s", exc)
+        for name in ("slurmctld", "munged"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.terminate()
+                _wait(proc, 10)
+        kill_box(self.box_id)
+        for imds in self.imds.values():
+            imds.__exit__(None, None, None)
+        self.account.close()
+        self.layout.state_file.unlink(missing_ok=True)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def box_processes(box_id: str) -> list[int]:
+    """Processes of this box: below this process, or with its id in their environment (daemons that left us:
+    slurmd and its slurmstepd, the watchers, jobs)."""
+    mine = set(descendants(os.getpid()))
+    marker = f"{BOX_ID}={box_id}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid() or pid in mine:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            mine.add(pid)
+    return sorted(mine)
+
+
+def kill_box(box_id: str, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process of the box until none is left."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = box_processes(box_id)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.05)
+
+
+def main(root: Path, nodes: int, port: int, stack: str) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    become_subreaper()
+    sup = Supervisor(lay.Layout(root, nodes, port), stack)
+    try:
+        sup.start()
+        print("ready", flush=True)
+        return sup.serve()
+    except Exception as exc:
+        log.error("the box could not start: %s", exc)
+        (root / "failed").write_text(f"{exc}\n")
+        return 1
+    finally:
+        sup.stop()

@@ -1,0 +1,99 @@
+"""The batch script of a job (or of a sweep: one Slurm job array), rendered by a pure function from its spec.
+
+The script asks Slurm for the job's nodes (``--nodes``, one task each, ``--gres=gpu:N``), its time limit
+(``--time`` from ``timeout``), to be requeued after a node failure or an exit 75 (``--requeue``) and to append
+to its output across attempts (``--open-mode=append``). Its one command is ``srun`` of ``python -m trainer
+task`` on every node (trainer.slurm.task), which runs the job's command with the job environment. The job's
+spec travels inside the script (base64 JSON; an array's script holds one per index and passes its own), so a
+requeued or restarted job needs nothing but Slurm's state.
+
+The job's comment, ``gpufleet:<key>``, is how the bridge finds the attempt again after a restart (the message
+id, or the sweep's nonce), so that no message is submitted twice.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from dataclasses import dataclass
+
+from trainer.jobs.spec import Job
+
+COMMENT_PREFIX = "gpufleet:"
+NAME_PREFIX = "gpufleet."
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where and how the jobs of a cluster run."""
+
+    bucket: str                 # the stack's bucket (records, checkpoints, logs)
+    python: str                 # the node image's Python (the trainer is installed in it)
+    output_dir: str             # where Slurm writes each job's output on its first node
+    partition: str | None = None
+    gpus: int = 0               # GPUs of a node of the partition (a job without gpus_per_node gets them all)
+    instance_type: str | None = None  # the partition's instance type (records: GPU-hours and cost)
+
+
+def encode(entry: dict) -> str:
+    return base64.b64encode(json.dumps(entry, separators=(",", ":")).encode()).decode()
+
+
+def decode(text: str) -> dict:
+    return json.loads(base64.b64decode(text.encode(), validate=True))
+
+
+def time_limit(seconds: int) -> str:
+    """Slurm's --time (days-hours:minutes:seconds) of a timeout in seconds."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def key_of(jobs: list[Job], message_id: str) -> str:
+    """The attempt's key in Slurm (its comment): a sweep's nonce, or the message id of a single job."""
+    return jobs[0].array["nonce"] if jobs[0].array else message_id
+
+
+def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | None = None) -> str:
+    """The batch script of one job, or of a sweep's jobs as one array (job i is array index i). Every job of an
+    array shares its shape (nodes, GPUs, timeout). ``first_attempts``: each job's attempt number of its first
+    run under this script (earlier attempts: retries the bridge resubmitted); Slurm's restart count adds to it."""
+    if not jobs:
+        raise ValueError("no job to render")
+    head = jobs[0]
+    first = first_attempts or [len(j.attempts) + 1 for j in jobs]
+    name = head.array["id"] if head.array else head.job_id
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={NAME_PREFIX}{name}",
+             f"#SBATCH --comment={COMMENT_PREFIX}{key}",
+             f"#SBATCH --nodes={head.nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             "#SBATCH --requeue",
+             "#SBATCH --open-mode=append",
+             f"#SBATCH --chdir={site.output_dir}",
+             f"#SBATCH --output={site.output_dir}/%x-{'%A_%a' if len(jobs) > 1 else '%j'}.out"]
+    if site.partition:
+        lines.append(f"#SBATCH --partition={site.partition}")
+    gpus = site.gpus if head.gpus_per_node is None else min(head.gpus_per_node, site.gpus)
+    if head.gpus_per_node is None:
+        lines.append("#SBATCH --exclusive")  # one job per node, all of its GPUs
+    if gpus:
+        lines.append(f"#SBATCH --gres=gpu:{gpus}")
+    if head.timeout:
+        lines.append(f"#SBATCH --time={time_limit(head.timeout)}")
+    if len(jobs) > 1:
+        lines.append(f"#SBATCH --array=0-{len(jobs) - 1}")
+    specs = [encode({"spec": j.to_dict(), "first_attempt": n}) for j, n in zip(jobs, first)]
+    lines.append("# The job's spec (base64 JSON; an array: one per index), then one task per node (trainer.slurm.task).")
+    if len(jobs) == 1:
+        lines.append(f"spec={specs[0]}")
+    else:  # each index's spec in the script, so that no argument grows with the sweep
+        lines.append('case "$SLURM_ARRAY_TASK_ID" in')
+        lines += [f"  {i}) spec={spec} ;;" for i, spec in enumerate(specs)]
+        lines.append("esac")
+    task = [site.python, "-m", "trainer", "task", "--bucket", site.bucket, "--gpus", str(gpus)]
+    lines.append("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes=\"$SLURM_JOB_NUM_NODES\" "
+                 + " ".join(shlex.quote(a) for a in task) + ' --spec "$spec"')
+    return "\n".join(lines) + "\n"

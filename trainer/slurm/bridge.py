@@ -1,0 +1,331 @@
+"""`python -m trainer controller`: the bridge from the job queue to Slurm, on the controller.
+
+Each message becomes an ``sbatch`` of the batch script its spec renders (trainer.slurm.batch); the jobs of a
+sweep (spec "array") are gathered by their submit's nonce and become one Slurm job array. Slurm then does the
+scheduling, the gang allocation, requeues and node health; the bridge keeps every job's record true from
+Slurm's own state (``squeue --json``, through the one table in trainer.slurm.states) and does what Slurm does not:
+
+- a message is deleted only after its Slurm job id is in the record; a message found again is first looked up
+  in Slurm by its key (the job's comment: the message id, or the sweep's nonce), so a bridge killed at any
+  point and restarted loses no job and submits none twice;
+- a failure (FAILED, TIMEOUT, ...) is resubmitted while the job's ``retries`` allow (preemptions never count;
+  an exit status in ``on_exit_codes`` always retries), each resubmission with its own key;
+- a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
+- jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch");
+- an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from trainer.errors import ArgumentParser, UsageError
+from trainer.jobs import records as rc
+from trainer.jobs.queue import JobQueue, Message, open_queue
+from trainer.jobs.records import RecordStore, UnknownJob
+from trainer.jobs.spec import JOB_ID, Job, parse_job, retry_decision, validate
+from trainer.slurm import batch, client
+from trainer.slurm.client import SlurmError, SlurmJob
+from trainer.slurm.states import lifecycle
+
+log = logging.getLogger("gpufleet.bridge")
+
+ARRAY_WAIT_S = 60.0   # a sweep whose members do not all arrive within this runs them as single jobs
+SYNC_EVERY_S = 1.0
+MIRROR_PREFIX = "slurm-"
+CANCEL_POLL_S = 2.0
+HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays hidden this long
+
+
+@dataclass
+class _Gathering:
+    count: int
+    first_seen: float
+    members: dict[int, tuple[Message, Job]] = field(default_factory=dict)
+
+
+def failures_counted(attempts: list[dict], since: int) -> list[dict]:
+    """A record's attempts since its budget began, as retry_decision reads them."""
+    out = []
+    for a in attempts[since:]:
+        reason = a.get("reason")
+        outcome = "failed" if reason == "failure" else "timeout" if reason == "timeout" else "preempted"
+        out.append({"outcome": outcome, "exit_status": a.get("exit_status")})
+    return out
+
+
+class Bridge:
+    def __init__(self, queue: JobQueue, recs: RecordStore, site: batch.Site, slurm=client,
+                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S):
+        self.queue, self.records, self.site, self.slurm = queue, recs, site, slurm
+        self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
+        self.gathering: dict[str, _Gathering] = {}
+        self.known: dict[str, str] = {}       # Slurm job id -> record job id
+        self.seen: dict[str, tuple] = {}      # Slurm job id -> the state last applied
+        self.loaded = False
+        self.cancelling: set[str] = set()     # Slurm job ids scancel was sent for
+        self._cancelled: set[str] = set()
+        self._last_sync = self._last_cancel_poll = 0.0
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event) -> int:
+        log.info("bridge: queue %s -> Slurm; records in %s", getattr(self.queue, "url", "?"), self.records.store.uri)
+        while not stop.is_set():
+            self.step()
+        return 0
+
+    def step(self) -> None:
+        try:
+            msg = self.queue.receive(self.receive_wait_s)
+            if msg is not None:
+                self.take(msg)
+            self.flush_gatherings()
+            if self.clock() - self._last_sync >= SYNC_EVERY_S:
+                self.sync()
+                self._last_sync = self.clock()
+        except SlurmError as exc:  # slurmctld restarting, say: nothing is lost, try again
+            log.warning("Slurm: %s; trying again", exc)
+            time.sleep(1)
+        except Exception as exc:  # the queue or the bucket away for a moment
+            log.warning("bridge step failed (%s: %s); trying again", type(exc).__name__, exc)
+            time.sleep(1)
+
+    # --- messages -> sbatch ---------------------------------------------------------------------------------
+
+    def take(self, msg: Message) -> None:
+        try:
+            job = parse_job(msg.body)
+        except UsageError as exc:
+            self.refuse(msg, exc)
+            return
+        rec = self._record(job)
+        if rec["state"] in rc.TERMINAL and (rec["state"] != "failed" or rec.get("slurm")):
+            if rec["state"] == "cancelled" or rec["state"] == "succeeded" or rec.get("slurm", {}).get(
+                    "message") == msg.id:
+                log.info("job %s: %s; message %s deleted, nothing submitted", job.job_id, rec["state"], msg.id)
+                self.queue.delete(msg)
+                return
+        if (rec.get("slurm") or {}).get("message") == msg.id:  # submitted before a restart; the delete was lost
+            self.queue.delete(msg)
+            return
+        if job.array:
+            nonce = job.array["nonce"]
+            g = self.gathering.setdefault(nonce, _Gathering(job.array["count"], self.clock()))
+            g.members[job.array["index"]] = (msg, job)
+            self.queue.extend(msg, HOLD_VISIBILITY_S)
+            if len(g.members) == g.count:
+                del self.gathering[nonce]
+                self.submit([g.members[i] for i in range(g.count)], nonce)
+            return
+        self.submit([(msg, job)], msg.id)
+
+    def refuse(self, msg: Message, exc: UsageError) -> None:
+        """An invalid message: to the dead-letter queue at once; one line in its record if it names a job."""
+        log.error("message %s: invalid job, moved to the dead-letter queue: %s", msg.id, exc)
+        try:
+            job_id = json.loads(msg.body).get("job_id")
+        except (ValueError, AttributeError):
+            job_id = None
+        if isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
+            try:
+                self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL else
+                                    {**r, "state": "failed", "reason": f"invalid: {exc}", "updated": self.clock()})
+            except UnknownJob:
+                pass
+        self.queue.dead_letter(msg, f"invalid job: {exc}")
+
+    def _record(self, job: Job) -> dict:
+        now = self.clock()
+        return self.records.update(job.job_id, lambda r: r, missing=lambda: rc.new_record(job.to_dict(), now))
+
+    def flush_gatherings(self) -> None:
+        """Sweep members whose siblings did not all come in time: each runs as a single job."""
+        now = self.clock()
+        for nonce, g in list(self.gathering.items()):
+            if now - g.first_seen >= self.array_wait_s:
+                del self.gathering[nonce]
+                log.warning("sweep %s: %d of %d members arrived; running them as single jobs", nonce,
+                            len(g.members), g.count)
+                for msg, job in g.members.values():
+                    self.submit([(msg, job)], msg.id)
+
+    def find(self, key: str) -> str | None:
+        """The Slurm job (or array) submitted with this key, if Slurm knows one."""
+        comment = batch.COMMENT_PREFIX + key
+        for j in self.slurm.jobs():
+            if j.comment == comment:
+                return str(j.array_job_id) if j.array_job_id else j.id
+        return None
+
+    def submit(self, members: list[tuple[Message, Job]], key: str, resubmit: bool = False) -> str:
+        """One sbatch for these jobs (one, or a sweep as an array), unless Slurm has them already; then each
+        record names its Slurm job, then the messages are deleted."""
+        jobs = [j for _, j in members]
+        recs = [self.records.get(j.job_id) for j in jobs]
+        first = [len(r["attempts"]) + 1 for r in recs]
+        slurm_id = self.find(key)
+        if slurm_id is None:
+            slurm_id = self.slurm.sbatch(batch.render(jobs, self.site, key, first))
+            log.info("submitted %s as Slurm job %s (key %s)", ", ".join(j.job_id for j in jobs), slurm_id, key)
+        else:
+            log.info("%s: Slurm job %s has key %s already; not submitted again", ", ".join(j.job_id for j in jobs),
+                     slurm_id, key)
+        for i, ((msg, job), rec) in enumerate(zip(members, recs)):
+            sid = f"{slurm_id}_{i}" if len(jobs) > 1 else slurm_id
+            budget = (rec.get("slurm") or {}).get("budget_from", 0) if resubmit else len(rec["attempts"])
+
+            def named(r: dict, sid=sid, msg=msg, budget=budget, first=first[i]) -> dict:
+                return {**r, "slurm": {"id": sid, "key": key, "message": msg.id if msg else None,
+                                       "first_attempt": first, "budget_from": budget}}
+
+            self.records.update(job.job_id, named)
+            self.known[sid] = job.job_id
+            self.seen.pop(sid, None)
+        for msg, _ in members:
+            if msg is not None:
+                self.queue.delete(msg)
+        return slurm_id
+
+    # --- Slurm's state -> records ---------------------------------------------------------------------------
+
+    def load_known(self) -> None:
+        """Slurm job ids of the records not finished (after a restart)."""
+        for rec in self.records.all():
+            sid = (rec.get("slurm") or {}).get("id")
+            if sid:
+                self.known[sid] = rec["job_id"]
+        self.loaded = True
+
+    def sync(self) -> None:
+        if not self.loaded:
+            self.load_known()
+        cancelled = self.cancels()
+        for j in self.slurm.jobs():
+            if j.array_job_id and j.array_task_id is None:
+                continue  # an array's members still pending together: their records say queued
+            job_id = self.known.get(j.id)
+            if job_id is None:
+                if j.comment.startswith(batch.COMMENT_PREFIX):
+                    continue  # ours, its record not written yet (submit names it next)
+                job_id = self.mirror(j)
+            final = lifecycle(j.state, j.exit_code, j.restarts).final
+            if job_id in cancelled and not final and j.id not in self.cancelling:
+                log.info("job %s: cancel asked; scancel %s", job_id, j.id)
+                self.slurm.scancel(j.id)
+                self.cancelling.add(j.id)
+            state = (j.state, j.restarts, j.exit_code, j.nodes)
+            if self.seen.get(j.id) == state:
+                continue
+            try:
+                self.apply(job_id, j)
+            except UnknownJob:
+                log.warning("Slurm job %s: its record %s is gone", j.id, job_id)
+            self.seen[j.id] = state
+
+    def cancels(self) -> set[str]:
+        """Jobs whose record asks for a cancel (read from the records' index every CANCEL_POLL_S)."""
+        now = self.clock()
+        if now - self._last_cancel_poll >= CANCEL_POLL_S:
+            self._last_cancel_poll = now
+            self._cancelled = {r["job_id"] for r in self.records.all()
+                               if r.get("cancel_requested") or r["state"] == "cancelled"}
+        return self._cancelled
+
+    def mirror(self, j: SlurmJob) -> str:
+        """A job submitted with sbatch directly: its record, ``slurm-<id>``, kind sbatch."""
+        job_id = f"{MIRROR_PREFIX}{j.id}"
+        spec = {"job_id": job_id, "kind": "sbatch", "name": j.name, "user": j.user, "partition": j.partition}
+        now = j.submit_time or self.clock()
+        self.records.update(job_id, lambda r: r, missing=lambda: {
+            **rc.new_record(spec, now), "slurm": {"id": j.id, "key": None, "message": None, "first_attempt": 1,
+                                                  "budget_from": 0}})
+        self.known[j.id] = job_id
+        return job_id
+
+    def apply(self, job_id: str, j: SlurmJob) -> None:
+        """Move the record to what Slurm says of its job: an attempt claimed when it ran, ended when it stopped."""
+        out = lifecycle(j.state, j.exit_code, j.restarts)
+        rec = self.records.get(job_id)
+        slurm = rec.get("slurm") or {}
+        if slurm.get("id") != j.id or rec["state"] in rc.TERMINAL:
+            return  # an older Slurm job of this record (a retry runs under its own id), or a finished record
+        now = self.clock()
+        run = f"{j.id}#{j.restarts}"
+        last = rec["attempts"][-1] if rec["attempts"] else None
+        ran = bool(j.nodes) and out.state not in ("queued", "preempted")
+        if ran and not (last is not None and last.get("run") == run):
+            rec = self._claim(job_id, j, int(slurm.get("first_attempt") or 1) + j.restarts, run)
+        if out.state in ("running", "queued"):
+            return
+        if out.state == "preempted":
+            self.records.update(job_id, lambda r: rc.end(r, "preempted", j.exit_code, out.reason, now)
+                                if r["state"] == "running" else r)
+            return
+        if out.state == "failed":
+            self._failed(job_id, rec, j, out.reason)
+            return
+        self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or not rc.allowed(r["state"], out.state)
+                            else rc.end(r, out.state, j.exit_code, out.reason, now))
+
+    def _claim(self, job_id: str, j: SlurmJob, n: int, run: str) -> dict:
+        now = j.start_time or self.clock()
+        attempt = {"nodes": list(j.nodes), "instance_type": self.site.instance_type, "gpus": self.site.gpus, "n": n}
+
+        def fn(r: dict) -> dict:
+            if r["state"] in rc.TERMINAL:
+                return r
+            new = rc.claim(r, attempt, now)
+            new["attempts"][-1]["run"] = run
+            return new
+
+        return self.records.update(job_id, fn)
+
+    def _failed(self, job_id: str, rec: dict, j: SlurmJob, reason: str) -> None:
+        """A failed attempt: submitted again while the job's retries allow, else the record fails."""
+        now = self.clock()
+        spec = rec.get("spec") or {}
+        status = j.exit_code if j.exit_code is not None else 1
+        earlier = failures_counted(rec["attempts"][:-1], int((rec.get("slurm") or {}).get("budget_from") or 0))
+        retry, why = (False, "sbatch jobs are not retried by the bridge") if spec.get("kind") == "sbatch" else \
+            retry_decision(spec.get("retries") or {}, earlier, status)
+        state = "queued" if retry else "failed"
+        self.records.update(job_id, lambda r: rc.end(r, state, status, reason, now) if r["state"] == "running"
+                            else r if r["state"] in rc.TERMINAL else {**r, "state": state, "reason": reason})
+        if not retry:
+            log.error("job %s: %s with exit status %s; failed (%s)", job_id, reason, status, why)
+            return
+        log.warning("job %s: %s with exit status %s; submitted again (%s)", job_id, reason, status, why)
+        job = validate({k: v for k, v in spec.items() if k != "array"})
+        self.submit([(None, job)], f"{job_id}.retry.{len(rec['attempts'])}", resubmit=True)
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m trainer controller", description="The bridge from the job queue to Slurm "
+                       "(on the controller): each message an sbatch, each record kept true from Slurm's state.")
+    p.add_argument("--queue-url", default=os.environ.get("GPUFLEET_QUEUE_URL"), help="the job queue")
+    p.add_argument("--bucket", default=os.environ.get("GPUFLEET_BUCKET"), help="the stack's bucket")
+    p.add_argument("--partition", help="the partition jobs go to (default: Slurm's default partition)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs of a node of the partition")
+    p.add_argument("--instance-type", help="the partition's instance type (for GPU-hours and cost)")
+    p.add_argument("--output-dir", default="/var/log/gpufleet/jobs", help="where Slurm writes job output on nodes")
+    p.add_argument("--python", default=sys.executable, help="the nodes' Python with the trainer")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if not args.queue_url or not args.bucket:
+        raise UsageError("controller: --queue-url and --bucket are required (or GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
+    site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type)
+    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return bridge.serve(stop)

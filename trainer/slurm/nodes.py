@@ -1,0 +1,211 @@
+"""`python -m trainer nodes resume|suspend|resume-fail|watch`: Slurm's power saving and a node's notice watcher.
+
+slurmctld runs ``resume HOSTLIST`` (ResumeProgram) when jobs need powered-down nodes, ``suspend HOSTLIST``
+(SuspendProgram) when nodes have been idle for SuspendTime, and ``resume-fail HOSTLIST`` (ResumeFailProgram) for
+nodes that did not register within ResumeTimeout. Each calls the node provider (:class:`NodeProvider`, the
+interface the clouds implement) named in the nodes config (``--config``, default /etc/gpufleet/nodes.json).
+This module implements the local provider: a node is a ``slurmd -N NAME`` process on this host (the box).
+
+``watch NAME`` runs beside slurmd on a node: on a stop notice (a spot interruption from the node's metadata
+service) it drains the node, requeues its jobs (they get SIGTERM, checkpoint, exit and run again elsewhere from
+their checkpoint, a multi-node job whole) and powers the node down once they are gone (``POWER_DOWN_ASAP``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.errors import ArgumentParser, UsageError
+from trainer.slurm import client
+
+log = logging.getLogger("gpufleet.nodes")
+
+CONFIG = "/etc/gpufleet/nodes.json"
+STOP_WAIT_S = 10.0
+
+
+class NodeProvider:
+    """What power saving asks of a cloud: start and stop the machines behind Slurm node names."""
+
+    def resume(self, names: list[str]) -> None:
+        raise NotImplementedError
+
+    def suspend(self, names: list[str]) -> None:
+        raise NotImplementedError
+
+    def resume_failed(self, names: list[str]) -> None:
+        """Nodes that did not register in time: whatever was started for them is stopped."""
+        self.suspend(names)
+
+
+def _clear_signal_mask() -> None:
+    """slurmctld runs its programs with signals blocked; a daemon started from one must not inherit that."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_pid(pid: int | None, wait_s: float = STOP_WAIT_S) -> None:
+    """SIGTERM, then SIGKILL after ``wait_s``."""
+    if pid is None or not _alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+class LocalProvider(NodeProvider):
+    """Nodes as slurmd processes on this host (several ``slurmd -N``), each with its notice watcher.
+
+    config: {"provider": "local", "slurm_conf", "run_dir" (slurmd's pid files: SlurmdPidFile's directory),
+    "spool_dir", "python", "nodes": {name: {"imds": the node's metadata endpoint, "notice_file"}}}.
+    """
+
+    def __init__(self, config: dict, config_path: str):
+        self.config, self.config_path = config, config_path
+        self.run_dir = Path(config["run_dir"])
+
+    def _daemon(self, argv: list[str], env: dict[str, str] | None = None, log_path: Path | None = None) -> int:
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                                    start_new_session=True, close_fds=True, preexec_fn=_clear_signal_mask)
+        finally:
+            if log_path:
+                out.close()
+        return proc.pid
+
+    def resume(self, names: list[str]) -> None:
+        for name in names:
+            node = self.config["nodes"].get(name)
+            if node is None:
+                raise UsageError(f"nodes: {name} is not a node of this box")
+            Path(self.config["spool_dir"], name).mkdir(parents=True, exist_ok=True)
+            Path(node["notice_file"]).unlink(missing_ok=True)  # a fresh machine: no notice
+            # -b: report a boot now, as a machine that just started would (all slurmd here share the host's boot)
+            self._daemon([client.exe("slurmd"), "-b", "-f", self.config["slurm_conf"], "-N", name])
+            env = {**os.environ, "AWS_EC2_METADATA_SERVICE_ENDPOINT": node["imds"], "SLURM_CONF":
+                   self.config["slurm_conf"]}
+            env.pop("AWS_EC2_METADATA_DISABLED", None)
+            pid = self._daemon([self.config["python"], "-m", "trainer", "nodes", "watch", name, "--config",
+                                self.config_path], env=env, log_path=Path(self.config["log_dir"], f"watch-{name}.log"))
+            (self.run_dir / f"watch-{name}.pid").write_text(f"{pid}\n")
+            log.info("node %s: slurmd and its notice watcher started", name)
+
+    def suspend(self, names: list[str]) -> None:
+        for name in names:
+            stop_pid(_pid(self.run_dir / f"watch-{name}.pid"), 2.0)
+            stop_pid(_pid(self.run_dir / f"slurmd-{name}.pid"))
+            for pidfile in (self.run_dir / f"watch-{name}.pid", self.run_dir / f"slurmd-{name}.pid"):
+                pidfile.unlink(missing_ok=True)
+            log.info("node %s: stopped", name)
+
+
+PROVIDERS = {"local": LocalProvider}
+
+
+def load_config(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"nodes: --config {path}: no such file (the controller's user-data, or the box, writes "
+                         "it)") from None
+    except ValueError as exc:
+        raise UsageError(f"nodes: --config {path}: not JSON ({exc})") from None
+
+
+def provider(config: dict, path: str) -> NodeProvider:
+    name = config.get("provider")
+    if name in PROVIDERS:
+        return PROVIDERS[name](config, path)
+    from trainer.clouds import adapter
+
+    try:
+        return adapter(name).NodeProvider(config)
+    except (KeyError, AttributeError, ImportError):
+        raise UsageError(f"nodes: provider {name!r} is not known; expected local or a cloud with a node "
+                         "provider") from None
+
+
+def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
+    """Until a stop notice comes: then drain this node, requeue its jobs, power it down when they are gone."""
+    from trainer.clouds import adapter
+    from trainer.loop.stop import StopNotice
+
+    notice = StopNotice()
+    watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
+    stop = {"asked": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
+    while not notice.is_set() and not stop["asked"] and watcher.is_alive():
+        time.sleep(0.1)
+    if not notice.is_set():
+        return 0
+    on_notice(name, notice.reason or "stop notice")
+    return 0
+
+
+def on_notice(name: str, reason: str) -> list[str]:
+    """A node going away: no new job lands on it, its jobs are requeued (Slurm sends them SIGTERM, they
+    checkpoint, exit, and run again elsewhere), and it powers down once they are gone. The requeued job ids."""
+    why = f"notice: {reason}"[:200]
+    client.update_node(name, state="DRAIN", reason=why)
+    jobs = client.jobs_on(name)
+    for job in jobs:
+        client.requeue(job)
+    log.warning("node %s: %s; drained, requeued %s", name, reason, ", ".join(jobs) or "no job")
+    client.update_node(name, state="POWER_DOWN_ASAP", reason=why)
+    return jobs
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m trainer nodes", description="Slurm's power saving programs and a node's "
+                       "notice watcher.")
+    p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch"))
+    p.add_argument("hostlist", help="Slurm's hostlist expression of the nodes (watch: this node's name)")
+    p.add_argument("--config", default=os.environ.get("GPUFLEET_NODES_CONFIG", CONFIG),
+                   help="the nodes config (provider and its settings)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    config = load_config(args.config)
+    if config.get("slurm_conf"):
+        os.environ.setdefault("SLURM_CONF", config["slurm_conf"])
+    if args.action == "watch":
+        return watch(args.hostlist, config)
+    names = client.hostnames(args.hostlist)
+    nodes = provider(config, args.config)
+    {"resume": nodes.resume, "suspend": nodes.suspend, "resume-fail": nodes.resume_failed}[args.action](names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

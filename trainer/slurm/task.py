@@ -1,0 +1,252 @@
+"""`python -m trainer task`: one node's part of a job under Slurm (the batch script's srun starts one per node).
+
+It runs the job's command (kind trainer: the built-in trainer; image: a container; code: the bundle with the
+node's Python) with the job environment (trainer.node.runner.job_environment) derived from Slurm's:
+GPUFLEET_NNODES (SLURM_JOB_NUM_NODES), GPUFLEET_NODE_RANK (SLURM_NODEID), GPUFLEET_RDZV_ENDPOINT (the first
+node of the allocation through its NodeAddr, a port derived from the job id), GPUFLEET_ATTEMPT (the first
+attempt of this submission plus Slurm's restart count); Slurm's SLURM_* stay too.
+
+The stop contract is the same as ever: Slurm's SIGTERM (a requeue after a notice, a cancel, the time limit)
+reaches this process through srun; it writes the stop file and passes the SIGTERM on; the job checkpoints and
+exits 75, which Slurm requeues (RequeueExit=75). The output of each node's part is shipped to
+``jobs/<id>/logs/<attempt>/<node>/`` (what `gpufleet jobs logs` reads) and still goes to Slurm's output file;
+node rank 0 writes the job's progress into its record.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+from trainer import EXIT_OK, EXIT_PREEMPTED
+from trainer.errors import ArgumentParser, UsageError
+from trainer.jobs.records import RecordStore
+from trainer.jobs.spec import Job, validate
+from trainer.node import node_schema
+from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
+                                 code_environment, docker_argv, job_environment, node_facts, stop_grace)
+from trainer.slurm import batch, client
+
+log = logging.getLogger("gpufleet.task")
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+EXIT_FAILED = 1
+RDZV_TIMEOUT_S = 600  # a gang's other nodes wait this long for node rank 0's store
+
+
+def rdzv_port(slurm_job_id: int) -> int:
+    """A port per job, so that two jobs sharing a first node do not collide."""
+    return PORT_BASE + slurm_job_id % PORT_SPAN
+
+
+def default_checkpoint_uri(bucket: str, job_id: str) -> str:
+    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL (https:// or az://), on Tencent
+    a cos:// URI."""
+    if "://" in bucket:
+        return f"{bucket.rstrip('/')}/jobs/{job_id}/"
+    return f"s3://{bucket}/jobs/{job_id}/"
+
+
+def trainer_args(job: Job, checkpoint_uri: str, metrics_path: str) -> tuple[list[str], str, str]:
+    """The job's train flags with the node's defaults: (args, checkpoint URI, metrics file)."""
+    from trainer.loop.config import TrainConfig, parse_args
+
+    cfg = parse_args(list(job.args))
+    args = list(job.args)
+    uri, metrics = cfg.checkpoint_uri, cfg.metrics_file
+    if uri == TrainConfig.checkpoint_uri:  # not chosen by the job: its own prefix in the cluster bucket
+        uri = checkpoint_uri
+        args += ["--checkpoint-uri", uri]
+    if metrics is None:
+        metrics = metrics_path
+        args += ["--metrics-file", metrics]
+    return args, uri, metrics
+
+
+def trainer_command(args: list[str], nproc: int, nnodes: int, node_rank: int, rdzv: str, run_id: str) -> list[str]:
+    """torchrun (through trainer.node.launch, which keeps exit 75) over this node's GPUs, its node rank in the
+    job's static rendezvous (Slurm gave every node its rank; node rank 0 hosts the store); one plain process on a
+    single node without GPUs."""
+    if nproc == 0 and nnodes == 1:
+        return [sys.executable, "-m", "trainer", "train", *args]
+    rendezvous = ["--standalone"] if nnodes == 1 else [
+        "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "static",
+        "--rdzv-endpoint", rdzv, "--rdzv-id", run_id, "--rdzv-conf", f"timeout={RDZV_TIMEOUT_S}"]
+    return [sys.executable, "-m", "trainer.node.launch", *rendezvous, "--nproc-per-node", str(max(1, nproc)),
+            "-m", "trainer", "train", *args]
+
+
+def slurm_facts(environ) -> dict:
+    """What the task needs of Slurm's environment."""
+    try:
+        return {"job_id": int(environ.get("SLURM_ARRAY_JOB_ID") or environ["SLURM_JOB_ID"]),
+                "own_id": int(environ["SLURM_JOB_ID"]),
+                "index": int(environ.get("SLURM_ARRAY_TASK_ID") or 0),
+                "nnodes": int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1),
+                "node_rank": int(environ.get("SLURM_NODEID") or 0),
+                "restarts": int(environ.get("SLURM_RESTART_COUNT") or 0),
+                "nodelist": environ.get("SLURM_JOB_NODELIST") or "",
+                "node": environ.get("SLURMD_NODENAME") or os.uname().nodename}
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"task: not inside a Slurm job (SLURM_JOB_ID missing or bad: {exc})") from None
+
+
+class Task:
+    """One node's part of one attempt."""
+
+    def __init__(self, job: Job, attempt: int, slurm: dict, bucket: str, gpus: int, work_dir: Path,
+                 node: dict | None = None):
+        self.job, self.attempt, self.slurm, self.bucket, self.gpus = job, attempt, slurm, bucket, gpus
+        self.node = node or {}
+        self.dir = work_dir / "jobs" / job.job_id
+        self.run: Running | None = None
+        self.stop_asked = False
+        self._lock = threading.Lock()
+
+    @property
+    def records(self) -> RecordStore:
+        return RecordStore.of_bucket(self.bucket)
+
+    def rdzv(self) -> str:
+        first = client.hostnames(self.slurm["nodelist"])[0] if self.slurm["nnodes"] > 1 else "localhost"
+        addr = client.node_addr(first) if self.slurm["nnodes"] > 1 else "127.0.0.1"
+        return f"{addr}:{rdzv_port(self.slurm['own_id'])}"
+
+    def stop(self, signum=None, frame=None) -> None:
+        """Slurm's SIGTERM: the stop file and SIGTERM to the job, SIGKILL after the grace (Slurm's KillWait ends
+        it anyway)."""
+        self.stop_asked = True
+        run = self.run
+        if run is not None:
+            run.stop(stop_grace(self.node.get("cloud"), notice=True))
+
+    def start(self, output) -> Running:
+        from trainer.node.platform import open_platform
+
+        job, slurm = self.job, self.slurm
+        control = self.dir / "control"
+        control.mkdir(parents=True, exist_ok=True)
+        (control / STOP_FILE).unlink(missing_ok=True)
+        platform = open_platform(self.node)
+        values = {k: v for k, v in job.env.items() if isinstance(v, str)}
+        secrets = {k: platform.secret(*next(iter(v.items()))) for k, v in job.env.items() if not isinstance(v, str)}
+        rdzv = self.rdzv()
+        uri = default_checkpoint_uri(self.bucket, job.job_id)
+        popen = output.popen_kw() if output else {}
+        import subprocess
+
+        def spawn(cmd, **kw):
+            proc = subprocess.Popen(cmd, start_new_session=True, **popen, **kw)
+            if output:
+                output.follow(proc)
+            return proc
+
+        if job.kind == "trainer":
+            args, uri, self.metrics = trainer_args(job, uri, str(self.dir / f"metrics-{self.attempt}.jsonl"))
+            nproc = self.gpus if job.gpus_per_node is None else min(job.gpus_per_node, self.gpus)
+            env = job_environment(job.job_id, self.attempt, uri, slurm["nnodes"], slurm["node_rank"],
+                                  max(1, nproc), rdzv, str(control / STOP_FILE), values)
+            cmd = trainer_command(args, nproc, slurm["nnodes"], slurm["node_rank"], rdzv,
+                                  f"{slurm['own_id']}-{slurm['restarts']}")
+            log.info("running %s", " ".join(cmd))
+            return TrainerRun(spawn(cmd, env={**os.environ, **env, **secrets}), control / STOP_FILE,
+                              workers=cmd[2] == "trainer.node.launch")
+        self.metrics = None
+        gpus = self.gpus if job.gpus_per_node is None else min(job.gpus_per_node, self.gpus)
+        inside = CONTROL_DIR if job.kind == "image" else str(control)
+        env = job_environment(job.job_id, self.attempt, uri, slurm["nnodes"], slurm["node_rank"], max(1, gpus),
+                              rdzv, f"{inside}/{STOP_FILE}", values)
+        if job.kind == "image":
+            facts = node_facts(self.node, None, self.gpus)
+            name = f"gpufleet-{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"
+            argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
+                               stop_grace(self.node.get("cloud"), notice=True), tuple(secrets),
+                               scratch=Path("/mnt/scratch").is_dir(),
+                               container_env_file=Path("/etc/gpufleet/container.env").exists())
+            docker_env = {**os.environ, **secrets}
+            log.info("running %s", " ".join(argv))
+            return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env)
+        from trainer.jobs import bundle
+
+        archive = bundle.fetch(job.code, self.dir.parent.parent / "bundles")
+        code = bundle.unpack(archive, self.dir / "code")
+        log.info("running %s in %s", " ".join(job.command), code)
+        run_env = code_environment(dict(os.environ), {**env, **secrets}, os.path.dirname(sys.executable))
+        return ProcessGroupRun(spawn(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
+
+    def __call__(self) -> int:
+        from trainer.node.tracking import Output, Tracking
+
+        signal.signal(signal.SIGTERM, self.stop)
+        output = None
+        try:
+            output = Output(self.records, self.job.job_id, self.attempt, self.slurm["node"],
+                            self.dir / f"output-{self.attempt}-{self.slurm['node']}.log")
+        except Exception as exc:
+            log.warning("job %s: its output will not be shipped (%s)", self.job.job_id, exc)
+        tracking = None
+        try:
+            try:
+                run = self.start(output)
+            except UsageError:
+                raise
+            except Exception as exc:  # a bundle, secret or command that cannot be had or started: the job fails
+                log.error("job %s: cannot start: %s", self.job.job_id, exc)
+                return EXIT_FAILED
+            self.run = run
+            if self.stop_asked:
+                self.stop()
+            if self.slurm["node_rank"] == 0 and self.metrics:
+                tracking = Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
+                                    lambda: None).start()
+            rc = run.wait()
+        finally:
+            if tracking:
+                tracking.close()
+            if output:
+                output.close()
+        if run.stop_requested and rc != EXIT_OK:
+            log.warning("job %s: stopped (exit %d): requeued from its newest checkpoint", self.job.job_id, rc)
+            return EXIT_PREEMPTED
+        return 0 if rc == 0 else (rc if 0 < rc < 256 else EXIT_FAILED)
+
+
+def _total_steps(job: Job) -> int | None:
+    from trainer.loop.config import parse_args
+
+    try:
+        return parse_args(list(job.args)).steps
+    except UsageError:
+        return None
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m trainer task", description="One node's part of a job under Slurm (the "
+                       "batch script runs it through srun).")
+    p.add_argument("--bucket", required=True, help="the stack's bucket")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs of this node the job gets")
+    p.add_argument("--spec", required=True, help="the job's spec and first attempt, base64 JSON")
+    p.add_argument("--work-dir", default=os.environ.get("GPUFLEET_WORK_DIR", "/var/lib/gpufleet"),
+                   help="where the job's files live on this node (default GPUFLEET_WORK_DIR)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    slurm = slurm_facts(os.environ)
+    try:
+        entry = batch.decode(args.spec)
+        entry["spec"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"task: --spec: not a job's spec ({type(exc).__name__}: {exc})") from None
+    job = validate(entry["spec"])
+    attempt = int(entry.get("first_attempt") or 1) + slurm["restarts"]
+    node = node_schema.load(node_schema.PATH) if Path(node_schema.PATH).exists() else {}
+    work_dir = Path(args.work_dir) / "nodes" / slurm["node"]
+    log.info("job %s: attempt %d, node %s (rank %d of %d)", job.job_id, attempt, slurm["node"],
+             slurm["node_rank"], slurm["nnodes"])
+    return Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node)()
