@@ -4,13 +4,14 @@ One directory holds it all (default ``~/.gpufleet/box``, or GPUFLEET_BOX_DIR):
 
     state.json         written once the box is up: pids, the account's endpoint, bucket, queues, nodes
     account/           moto's files
-    munge/             the box's munge key and socket (munged of its own)
+    munge/             the box's munge key, pid and log (munged of its own; its socket is in /tmp)
     slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, spool,
                        logs, job output
     nodes/<name>/      each node's notice file (``gpufleet box notice``) and its jobs' files
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -55,7 +56,10 @@ class Layout:
 
     @property
     def munge_socket(self) -> Path:
-        return self.root / "munge" / "munge.socket"
+        """munged wants every directory above its socket searchable by all, which a home directory (0700 on
+        Debian 12) or pytest's temporary directory is not: the socket lives in /tmp, named after the box."""
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path("/tmp") / f"gpufleet-munge-{digest}" / "munge.socket"
 
     @property
     def munge_key(self) -> Path:

@@ -1,8 +1,8 @@
 """The box's one long-lived process (``python -m infra.box serve``, started in the background by `box up`).
 
 It holds the account (moto server with the dev stack's bucket and queues, from its preview, as the demo made
-them), a fake metadata endpoint per node, the box's own munged, slurmctld, and the bridge (restarted when it
-dies, as systemd's Restart=always does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving
+them), a fake metadata endpoint per node, the box's own munged, slurmctld and the bridge (each of the last two
+started again when it dies, as systemd's Restart=always does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving
 starts and stops them (trainer.slurm.nodes, the local provider). A node's notice file (`box notice NODE`) turns
 into a spot interruption notice at its metadata endpoint.
 
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,7 +60,7 @@ class Supervisor:
                   L.log_dir, L.run_dir, L.output_dir, L.work_dir, L.munge_key.parent,
                   *(L.notice_file(n).parent for n in L.node_names())):
             d.mkdir(parents=True, exist_ok=True)
-        os.chmod(L.root, 0o755)  # munged wants every directory above its socket searchable
+        L.munge_socket.parent.mkdir(mode=0o755, exist_ok=True)
         self.account.start(preview_document(self.stack))
         self.account.provision()
         r = self.account.res
@@ -67,7 +68,7 @@ class Supervisor:
             self.imds[name] = FakeImds(f"i-0b0x{i:013x}", L.instance_type, f"10.0.0.{10 + i}", r.region).__enter__()
         self.start_munge()
         self.write_slurm(L)
-        self.procs["slurmctld"] = self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(L.slurm_conf)])
+        self.start_controller()
         self.wait_controller()
         self.start_bridge()
         state = {"pid": os.getpid(), "dir": str(L.root), "stack": self.stack, "endpoint": self.account.endpoint,
@@ -115,6 +116,10 @@ class Supervisor:
                                                L.log_dir / "power.log"))
             path.chmod(0o755)
 
+    def start_controller(self) -> None:
+        """slurmctld in the foreground; a restart recovers its jobs from StateSaveLocation."""
+        self.procs["slurmctld"] = self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.layout.slurm_conf)])
+
     def wait_controller(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -145,10 +150,11 @@ class Supervisor:
             elif has and not asked:
                 with imds._lock:
                     imds.items.pop("meta-data/spot/instance-action", None)
-        bridge = self.procs.get("bridge")
-        if bridge is not None and bridge.poll() is not None and not self.stopping:
-            log.warning("the bridge exited (%s); starting it again", bridge.returncode)
-            self.start_bridge()
+        for name, start in (("slurmctld", self.start_controller), ("bridge", self.start_bridge)):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None and not self.stopping:
+                log.warning("%s exited (%s); starting it again", name, proc.returncode)
+                start()
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
@@ -183,6 +189,7 @@ class Supervisor:
         for imds in self.imds.values():
             imds.__exit__(None, None, None)
         self.account.close()
+        shutil.rmtree(self.layout.munge_socket.parent, ignore_errors=True)
         self.layout.state_file.unlink(missing_ok=True)
 
 

@@ -40,6 +40,7 @@ ARRAY_WAIT_S = 60.0   # a sweep whose members do not all arrive within this runs
 SYNC_EVERY_S = 1.0
 MIRROR_PREFIX = "slurm-"
 CANCEL_POLL_S = 2.0
+HEAL_EVERY_S = 5.0
 HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays hidden this long
 
 
@@ -71,7 +72,7 @@ class Bridge:
         self.loaded = False
         self.cancelling: set[str] = set()     # Slurm job ids scancel was sent for
         self._cancelled: set[str] = set()
-        self._last_sync = self._last_cancel_poll = 0.0
+        self._last_sync = self._last_cancel_poll = self._last_heal = 0.0
 
     # --- the loop ---------------------------------------------------------------------------------------------
 
@@ -90,6 +91,9 @@ class Bridge:
             if self.clock() - self._last_sync >= SYNC_EVERY_S:
                 self.sync()
                 self._last_sync = self.clock()
+            if self.clock() - self._last_heal >= HEAL_EVERY_S:
+                self.heal()
+                self._last_heal = self.clock()
         except SlurmError as exc:  # slurmctld restarting, say: nothing is lost, try again
             log.warning("Slurm: %s; trying again", exc)
             time.sleep(1)
@@ -106,13 +110,11 @@ class Bridge:
             self.refuse(msg, exc)
             return
         rec = self._record(job)
-        if rec["state"] in rc.TERMINAL and (rec["state"] != "failed" or rec.get("slurm")):
-            if rec["state"] == "cancelled" or rec["state"] == "succeeded" or rec.get("slurm", {}).get(
-                    "message") == msg.id:
-                log.info("job %s: %s; message %s deleted, nothing submitted", job.job_id, rec["state"], msg.id)
-                self.queue.delete(msg)
-                return
-        if (rec.get("slurm") or {}).get("message") == msg.id:  # submitted before a restart; the delete was lost
+        if rec["state"] in rc.TERMINAL or (rec.get("slurm") or {}).get("message") == msg.id:
+            # finished or cancelled before it ran (`retry` queues the record before it sends), or submitted
+            # before a restart that lost the delete
+            log.info("job %s: %s, message %s already taken; deleted, nothing submitted", job.job_id, rec["state"],
+                     msg.id)
             self.queue.delete(msg)
             return
         if job.array:
@@ -193,6 +195,19 @@ class Bridge:
                 self.queue.delete(msg)
         return slurm_id
 
+    # --- nodes ---------------------------------------------------------------------------------------------
+
+    def heal(self) -> list[str]:
+        """CLOUD nodes Slurm marked DOWN because they stopped answering (a machine gone without notice): powered
+        down, so that power saving cleans up what is left of them and starts a fresh one when a job needs it.
+        Slurm requeued their jobs already. The nodes it powered down."""
+        gone = [n for n, state in self.slurm.node_states().items() if state.startswith("down") and "~" not in state
+                and "%" not in state]
+        for name in gone:
+            log.warning("node %s: down and not responding; powering it down", name)
+            self.slurm.update_node(name, state="POWER_DOWN_FORCE", reason="not responding")
+        return gone
+
     # --- Slurm's state -> records ---------------------------------------------------------------------------
 
     def load_known(self) -> None:
@@ -251,6 +266,8 @@ class Bridge:
 
     def apply(self, job_id: str, j: SlurmJob) -> None:
         """Move the record to what Slurm says of its job: an attempt claimed when it ran, ended when it stopped."""
+        if j.state == "COMPLETING":  # between runs: Slurm may count the requeue already; the next state tells
+            return
         out = lifecycle(j.state, j.exit_code, j.restarts)
         rec = self.records.get(job_id)
         slurm = rec.get("slurm") or {}

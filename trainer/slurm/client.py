@@ -118,6 +118,12 @@ def jobs_on(node: str) -> list[str]:
     return _run(["squeue", "-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%i"]).split()
 
 
+def node_states() -> dict[str, str]:
+    """Every node's state as sinfo writes it (idle~ powered down, down* not responding, drained, ...)."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %T"])
+    return dict(line.split(None, 1) for line in out.splitlines() if " " in line)
+
+
 def configured() -> bool:
     """Whether a Slurm configuration is in reach (SLURM_CONF, or the default file)."""
     return bool(os.environ.get("SLURM_CONF")) or os.path.exists("/etc/slurm/slurm.conf")

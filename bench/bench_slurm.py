@@ -1,0 +1,130 @@
+"""Slurm runtime figures, on a box (`gpufleet box up`: a real slurmctld, CLOUD nodes as local slurmd, the bridge,
+moto) in a temporary directory. Every job goes in as `gpufleet jobs submit` sends it (a record and a message).
+
+- slurm_power_up_s: a job on a powered-down cluster, from its message to RUNNING in Slurm: the bridge's sbatch,
+  ResumeProgram starting a node's slurmd, its registration, and slurmctld's next check of configuring jobs
+  (it looks every 30 s; a cloud instance's boot adds its own minutes).
+- slurm_submit_to_running_s: the same with a node up and idle, median of ROUNDS (target <= 3 s).
+- slurm_requeue_to_running_s: a running job's node gets a spot notice (its metadata endpoint): from the notice to
+  the job running again (Slurm's restart count 1), median of ROUNDS. Slurm's default cred_expire (120 s) would
+  hold the requeued job for about 150 s; the box renders 10 s (target <= 20 s).
+- slurm_jobs_list_s: `gpufleet jobs list`'s read of 1,000 records that name their Slurm jobs, as the bridge writes
+  them, through the records' index (target <= 2 s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROUNDS = 3
+JOBS = 1000
+TINY = ("--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "--num-workers", "0",
+        "--checkpoint-every", "0", "--steps", "2")
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _state(slurm_id: str, env: dict) -> tuple[str, int]:
+    out = subprocess.run(["squeue", "-h", "--states=all", "-j", slurm_id, "-o", "%T %Z"], env=env,
+                         capture_output=True, text=True).stdout.split()
+    return (out[0], 0) if out else ("", 0)
+
+
+def _restarts(slurm_id: str, env: dict) -> int:
+    out = subprocess.run(["scontrol", "show", "job", "-o", slurm_id], env=env, capture_output=True, text=True).stdout
+    word = next((w for w in out.split() if w.startswith("Restarts=")), "Restarts=0")
+    return int(word.partition("=")[2])
+
+
+def _submit_to_running(rs, queue, env: dict, job) -> float:
+    """From the message to RUNNING in Slurm."""
+    rs.create(job.to_dict())
+    started = time.perf_counter()
+    queue.send(job.to_json())
+    sid = _wait(lambda: (rs.get(job.job_id).get("slurm") or {}).get("id"), 60, f"{job.job_id} submitted")
+    _wait(lambda: _state(sid, env)[0] == "RUNNING", 120, f"{job.job_id} running")
+    return time.perf_counter() - started
+
+
+def run() -> dict[str, dict]:
+    from trainer.clouds.aws import SqsJobQueue
+    from trainer.jobs.commands import box_target
+    from trainer.jobs.records import new_record
+    from trainer.jobs.spec import Job
+
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-slurm-"))
+    up = subprocess.run([sys.executable, "-m", "infra.cli", "box", "up", "--dir", str(work / "box")], cwd=ROOT,
+                        capture_output=True, text=True, timeout=240)
+    if up.returncode != 0:
+        raise RuntimeError(f"box up failed: {up.stderr.strip()}")
+    state = json.loads((work / "box" / "state.json").read_text())
+    env = {**os.environ, "SLURM_CONF": state["slurm_conf"], "GPUFLEET_BOX_DIR": str(work / "box")}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(GPUFLEET_BOX_DIR=str(work / "box"), AWS_ENDPOINT_URL=state["endpoint"],
+                          AWS_DEFAULT_REGION=state["region"], AWS_ACCESS_KEY_ID="box", AWS_SECRET_ACCESS_KEY="box",
+                          AWS_EC2_METADATA_DISABLED="true", SLURM_CONF=state["slurm_conf"])
+        target = box_target()
+        rs, queue = target.records(), SqsJobQueue(target.queue_url, state["region"])
+        power_up = _submit_to_running(rs, queue, env, Job("power-up", args=TINY))
+        rs_wait = lambda jid: _wait(lambda: rs.get(jid)["state"] == "succeeded", 120, f"{jid} done")  # noqa: E731
+        rs_wait("power-up")
+        submits = []
+        for i in range(ROUNDS):  # the node that ran power-up is up and idle (SuspendTime 60 s)
+            submits.append(_submit_to_running(rs, queue, env, Job(f"warm-{i}", args=TINY)))
+            rs_wait(f"warm-{i}")
+        requeues = []
+        for i in range(ROUNDS):
+            job = Job(f"spot-{i}", args=TINY[:-1] + ("100000",))
+            _submit_to_running(rs, queue, env, job)
+            sid = rs.get(job.job_id)["slurm"]["id"]
+            node = subprocess.run(["squeue", "-h", "-j", sid, "-o", "%N"], env=env, capture_output=True,
+                                  text=True).stdout.strip()
+            started = time.perf_counter()
+            (work / "box" / "nodes" / node / "notice").write_text("{}")
+            _wait(lambda: _restarts(sid, env) >= 1 and _state(sid, env)[0] == "RUNNING", 180, "running again")
+            requeues.append(time.perf_counter() - started)
+            subprocess.run(["scancel", sid], env=env, check=True)
+        def bridged(i: int) -> dict:  # a record as the bridge leaves it once its job is in Slurm
+            return {**new_record(Job(f"list-{i:04d}", args=TINY).to_dict(), time.time()),
+                    "slurm": {"id": str(10000 + i), "key": f"m-{i}", "message": f"m-{i}", "first_attempt": 1,
+                              "budget_from": 0}}
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i: rs.update(f"list-{i:04d}", lambda r: r, missing=lambda: bridged(i)), range(JOBS)))
+        listed = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            n = sum(1 for r in rs.all() if r["job_id"].startswith("list-"))
+            listed.append(time.perf_counter() - started)
+            assert n == JOBS, n
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        subprocess.run([sys.executable, "-m", "infra.cli", "box", "down", "--dir", str(work / "box")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    return {
+        "slurm_power_up_s": {"value": power_up, "unit": "s", "target": ""},
+        "slurm_submit_to_running_s": {"value": statistics.median(submits), "unit": "s", "target": "<= 3"},
+        "slurm_requeue_to_running_s": {"value": statistics.median(requeues), "unit": "s", "target": "<= 20"},
+        "slurm_jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
+    }

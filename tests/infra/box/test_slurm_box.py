@@ -1,0 +1,297 @@
+"""Jobs through a real Slurm in the box: a sweep as one job array, a 2-node job, a direct sbatch job in `jobs
+list`, cancel, retries and `retry`, a bad message, a spot notice, a node killed without notice, the bridge killed
+with -9, slurmctld restarted. Every job goes in through `gpufleet jobs submit --stack box`, as a user sends it.
+
+The tests run in file order on one box with two CLOUD nodes; the ones that take a node away come last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.infra.box.conftest import EXAMPLES, gpufleet, wait_for
+from trainer.jobs import logs
+
+TINY = ["--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "--num-workers", "0",
+        "--checkpoint-every", "0", "--warmup-steps", "1"]
+
+
+def slow_job(box, job_id: str, tmp_path: Path, steps: int = 400, sleep: float = 0.1, *extra: str) -> Path:
+    """examples/train.py as a code bundle, slowed down; its metrics (rank 0, one line a step) in tmp_path."""
+    metrics = tmp_path / f"{job_id}.jsonl"
+    box.submit("--workdir", str(EXAMPLES), "--job-id", job_id, *extra, "--", "python", "train.py", "--steps",
+               str(steps), "--step-sleep", str(sleep), "--metrics", str(metrics))
+    return metrics
+
+
+def steps_of(metrics: Path) -> list[tuple[int, int]]:
+    """(attempt, step) of every line."""
+    if not metrics.exists():
+        return []
+    return [(r["attempt"], r["step"]) for r in map(json.loads, metrics.read_text().splitlines())]
+
+
+def test_a_second_box_and_a_taken_port_are_one_line_each(box, tmp_path):
+    again = gpufleet("box", "up", "--dir", str(box.dir))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1
+    assert again.stderr.startswith(f"error: box: a box is already running in {box.dir} (pid {box.state['pid']})")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        taken = gpufleet("box", "up", "--dir", str(tmp_path / "other"), "--port", str(port))
+    assert taken.returncode == 2 and taken.stderr.count("\n") == 1
+    assert taken.stderr.startswith(f"error: --port: {port} taken on 127.0.0.1")
+    env = gpufleet("box", "env", "--dir", str(box.dir))
+    assert env.stdout.splitlines() == [f"export SLURM_CONF={box.state['slurm_conf']}",
+                                       f"export GPUFLEET_BOX_DIR={box.dir}"]
+
+
+def test_without_slurm_box_up_is_one_line(monkeypatch, tmp_path, capsys):
+    from infra import cli
+    from infra.box import cli as box_cli
+
+    monkeypatch.setattr(box_cli, "NEEDS", {"slurmctld-not-here": "slurmctld"})
+    assert cli.main(["box", "up", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: box: Slurm is not installed: slurmctld-not-here (slurmctld) missing; run `make tools` (as "
+                   "root) or install the Debian packages slurm-wlm and munge\n")
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_an_idle_box_holds_no_node_and_a_sweep_runs_as_one_job_array(box):
+    assert set(box.slurm("sinfo", "-h", "-N", "-o", "%T").split()) == {"idle~"}  # powered down
+    ids = box.submit("--job-id", "sw", "--sweep", "lr=1e-3,3e-4", "--", *TINY, "--steps", "4")
+    assert ids == ["sw.lr-1e-3", "sw.lr-3e-4"]
+    recs = [box.wait_state(i, "succeeded") for i in ids]
+    sids = [r["slurm"]["id"] for r in recs]
+    array = sids[0].split("_")[0]
+    assert sids == [f"{array}_0", f"{array}_1"]  # one sbatch, two array indexes
+    assert all(len(r["attempts"]) == 1 and r["attempts"][0]["exit_status"] == 0 for r in recs)
+    assert "slurmd and its notice watcher started" in (box.dir / "slurm" / "log" / "power.log").read_text()
+
+
+def test_a_two_node_job_runs_on_both_nodes_and_ships_both_outputs(box):
+    (job_id,) = box.submit("--job-id", "pair", "--nodes", "2", "--", *TINY, "--steps", "4")
+    rec = box.wait_state(job_id, "succeeded", "failed")
+    assert rec["state"] == "succeeded", rec
+    assert sorted(rec["attempts"][0]["nodes"]) == ["gpu-1", "gpu-2"]
+    store = box.records().store
+    assert {node for node, _ in logs.read(store, job_id, 1)} == {"gpu-1", "gpu-2"}
+    out: dict[str, str] = {}
+    for node, data in logs.read(store, job_id, 1):
+        out[node] = out.get(node, "") + data.decode()
+    assert sum("step 4/4" in text for text in out.values()) == 1  # the trainer prints its steps on global rank 0
+
+
+def test_a_job_submitted_with_sbatch_is_in_jobs_list(box):
+    job = box.slurm("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "echo direct").strip()
+    rec = box.wait_state(f"slurm-{job}", "succeeded")
+    assert rec["kind"] == "sbatch" and rec["spec"]["name"] == "wrap" and rec["slurm"]["id"] == job
+    listed = box.jobs("list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["job_id"] == f"slurm-{job}")
+    assert row["state"] == "succeeded" and row["kind"] == "sbatch"
+
+
+def test_cancel_stops_a_running_job_and_a_queued_one_never_runs(box, tmp_path):
+    slow_job(box, "long-a", tmp_path)
+    slow_job(box, "long-b", tmp_path)
+    box.wait_state("long-a", "running")
+    box.wait_state("long-b", "running")
+    slow_job(box, "long-c", tmp_path)  # both nodes are taken: it waits
+    wait_for(lambda: box.record("long-c").get("slurm"), 60, "long-c in Slurm")
+    told = box.jobs("cancel", "long-c")
+    assert told.returncode == 0 and "cancelled" in told.stdout
+    for job_id in ("long-a", "long-b"):
+        assert box.jobs("cancel", job_id).returncode == 0
+    for job_id in ("long-a", "long-b", "long-c"):
+        rec = box.wait_state(job_id, "cancelled", "succeeded", "failed")
+        assert rec["state"] == "cancelled", rec
+    assert box.record("long-c")["attempts"] == []
+    slurm_ids = {box.record(j)["slurm"]["id"] for j in ("long-a", "long-b", "long-c")}
+    states = box.slurm("squeue", "-h", "--states=all", "-o", "%i %T").split("\n")
+    assert {ln.split()[1] for ln in states if ln and ln.split()[0] in slurm_ids} == {"CANCELLED"}
+
+
+def test_a_failure_is_retried_within_its_budget_and_retry_gives_a_fresh_one(box, tmp_path):
+    work = tmp_path / "failing"
+    work.mkdir()
+    (work / "fail.py").write_text("import os, sys\nprint('attempt', os.environ['GPUFLEET_ATTEMPT'])\nsys.exit(3)\n")
+    box.submit("--workdir", str(work), "--job-id", "flaky", "--retries", "1", "--", "python", "fail.py")
+    rec = wait_for(lambda: (r := box.record("flaky"))["state"] == "failed" and len(r["attempts"]) == 2 and r,
+                   240, "two failed attempts")
+    assert [(a["n"], a["exit_status"], a["reason"]) for a in rec["attempts"]] == [(1, 3, "failure"), (2, 3, "failure")]
+    again = box.jobs("retry", "flaky")
+    assert again.returncode == 0, again.stderr
+    rec = wait_for(lambda: (r := box.record("flaky"))["state"] == "failed" and len(r["attempts"]) == 4 and r,
+                   240, "two more failed attempts after retry")
+    assert [a["n"] for a in rec["attempts"]] == [1, 2, 3, 4]
+    out = b"".join(d for _, d in logs.read(box.records().store, "flaky", 4)).decode()
+    assert "attempt 4" in out
+
+
+def test_a_bad_message_is_dead_lettered_at_once_with_one_line_in_its_record(box):
+    import boto3
+
+    from trainer.jobs.records import new_record
+
+    sqs = boto3.client("sqs", endpoint_url=box.state["endpoint"], region_name=box.state["region"],
+                       aws_access_key_id="box", aws_secret_access_key="box")
+    spec = {"spec": 1, "job_id": "bad-one", "kind": "trainer", "args": ["--no-such-flag"]}
+    box.records().update("bad-one", lambda r: r, missing=lambda: new_record(spec, time.time()))
+    sqs.send_message(QueueUrl=box.state["queue_url"], MessageBody=json.dumps(spec))
+    rec = box.wait_state("bad-one", "failed", timeout_s=60)
+    assert rec["reason"].startswith("invalid: job bad-one: ") and "\n" not in rec["reason"]
+    got = wait_for(lambda: sqs.receive_message(QueueUrl=box.state["dlq_url"], WaitTimeSeconds=1).get("Messages"), 60,
+                   "the dead letter")
+    assert json.loads(got[0]["Body"])["job_id"] == "bad-one"
+    assert "slurm" not in box.record("bad-one")
+
+
+def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(box, tmp_path):
+    metrics = slow_job(box, "spot", tmp_path, steps=60, sleep=0.1)
+    node = box.node_of_running("spot")
+    wait_for(lambda: len(steps_of(metrics)) >= 5, 120, "five steps")
+    noticed = gpufleet("box", "notice", node, "--dir", str(box.dir))
+    assert noticed.returncode == 0, noticed.stderr
+    rec = box.wait_state("spot", "succeeded", "failed", timeout_s=300)
+    assert rec["state"] == "succeeded", rec
+    first, second = rec["attempts"]
+    assert (first["n"], first["reason"], second["n"], second["reason"]) == (1, "preemption", 2, None)
+    power = (box.dir / "slurm" / "log" / "power.log").read_text()
+    if second["nodes"] == first["nodes"]:  # the same name, a fresh machine: powered down, then up again
+        assert power.index(f"node {node}: stopped") < power.rindex(f"node {node}: slurmd and its notice watcher")
+    done = steps_of(metrics)
+    assert [s for _, s in done] == list(range(1, 61))  # none lost, none done twice
+    assert {a for a, _ in done} == {1, 2}
+
+
+def _kill_node(box, node: str, slurm_id: str) -> None:
+    """The node's machine goes without notice: its slurmd, the job's slurmstepd and the job's processes stop at
+    once (SIGSTOP: a machine that is gone says nothing more), and die once Slurm has marked the node DOWN."""
+    from infra.box.supervisor import box_processes
+
+    run = box.dir / "slurm" / "run"
+    victims = [int((run / f"slurmd-{node}.pid").read_text())]
+    for pid in box_processes(box.state["box_id"]):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd.startswith(b"slurmstepd: [" + slurm_id.encode() + b".") or f"SLURM_JOB_ID={slurm_id}".encode() in env:
+            victims.append(pid)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in victims:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGSTOP:
+            wait_for(lambda: box.slurm("sinfo", "-h", "-n", node, "-o", "%T").strip().startswith("down"), 120,
+                     f"{node} marked down")
+
+
+def test_a_node_killed_without_notice_is_marked_down_and_its_job_runs_again(box, tmp_path):
+    slow_job(box, "lost", tmp_path, steps=40, sleep=0.1)
+    node = box.node_of_running("lost")
+    _kill_node(box, node, box.record("lost")["slurm"]["id"])
+    rec = box.wait_state("lost", "succeeded", "failed", timeout_s=300)
+    assert rec["state"] == "succeeded", rec
+    assert len(rec["attempts"]) == 2 and rec["attempts"][0]["reason"] == "preemption"
+    assert rec["attempts"][1]["nodes"] != [node]
+    wait_for(lambda: box.slurm("sinfo", "-h", "-n", node, "-o", "%T").strip() in ("idle~", "idle", "idle%"), 120,
+             f"{node} powered down and back in the pool")
+
+
+def test_the_bridge_killed_at_any_point_loses_no_job_and_submits_none_twice(box, tmp_path):
+    """A bridge of its own on a queue of its own, killed (an exception, as -9 would stop it) right after each
+    step of taking a message: after sbatch, after the record names the Slurm job; then the box's own bridge
+    killed with -9 while jobs arrive."""
+    import boto3
+
+    from trainer.clouds.aws import SqsJobQueue
+    from trainer.jobs.spec import Job
+    from trainer.slurm import batch, bridge, client
+
+    sqs = boto3.client("sqs", endpoint_url=box.state["endpoint"], region_name=box.state["region"],
+                       aws_access_key_id="box", aws_secret_access_key="box")
+    url = sqs.create_queue(QueueName="crash", Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    os.environ.update(SLURM_CONF=box.state["slurm_conf"], AWS_ENDPOINT_URL=box.state["endpoint"])
+    queue = SqsJobQueue(url, box.state["region"])
+    site = batch.Site(box.state["bucket"], os.sys.executable, str(box.dir / "slurm" / "output"))
+
+    class Crash(BaseException):
+        """The bridge stops dead here, as kill -9 would stop it."""
+
+    class SlurmThenCrash:
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def sbatch(self, script):
+            client.sbatch(script)
+            raise Crash()
+
+    class QueueThatCrashesOnDelete:
+        def __getattr__(self, name):
+            return getattr(queue, name)
+
+        def delete(self, msg):
+            raise Crash()
+
+    def crashing_at(point: str) -> bridge.Bridge:
+        if point == "sbatch":
+            return bridge.Bridge(queue, box.records(), site, slurm=SlurmThenCrash())
+        return bridge.Bridge(QueueThatCrashesOnDelete(), box.records(), site)
+
+    for point in ("sbatch", "delete"):
+        job = Job(f"crash-{point}", args=tuple(TINY) + ("--steps", "2"))
+        box.records().create(job.to_dict())
+        queue.send(job.to_json())
+        with pytest.raises(Crash):
+            crashed = crashing_at(point)
+            while True:
+                crashed.step()
+        fresh = bridge.Bridge(queue, box.records(), site)
+        wait_for(lambda: (fresh.step(), box.record(job.job_id)["state"] == "succeeded")[1], 120,
+                 f"{job.job_id} done after a crash at {point}")
+        comments = [j for j in client.jobs() if j.name == f"gpufleet.{job.job_id}"]
+        assert len(comments) == 1, comments  # submitted once
+        assert queue.receive(1) is None  # its message is gone
+
+    def bridge_pid(other_than: int | None = None) -> int | None:
+        for pid in box.processes():
+            try:
+                if b"trainer\0controller" in Path(f"/proc/{pid}/cmdline").read_bytes() and pid != other_than:
+                    return pid
+            except OSError:
+                pass
+        return None
+
+    ids = [f"k9-{i}" for i in range(6)]
+    for job_id in ids:
+        box.submit("--job-id", job_id, "--", *TINY, "--steps", "2")
+        killed = wait_for(bridge_pid, 30, "the bridge")
+        os.kill(killed, signal.SIGKILL)  # the supervisor starts it again, as systemd would
+        wait_for(lambda: bridge_pid(other_than=killed), 30, "the bridge back")
+    for job_id in ids:
+        assert box.wait_state(job_id, "succeeded", "failed")["state"] == "succeeded"
+        assert len([j for j in client.jobs() if j.name == f"gpufleet.{job_id}"]) == 1
+
+
+def test_slurmctld_restarted_running_jobs_keep_running_and_records_stay_true(box, tmp_path):
+    metrics = slow_job(box, "steady", tmp_path, steps=50, sleep=0.1)
+    box.wait_state("steady", "running")
+    wait_for(lambda: len(steps_of(metrics)) >= 3, 120, "three steps")
+    ctld = int((box.dir / "slurm" / "run" / "slurmctld.pid").read_text())
+    os.kill(ctld, signal.SIGKILL)
+    wait_for(lambda: "UP" in box.slurm("scontrol", "ping", check=False), 60, "slurmctld back")
+    rec = box.wait_state("steady", "succeeded", "failed", timeout_s=240)
+    assert rec["state"] == "succeeded" and len(rec["attempts"]) == 1, rec
+    assert [s for _, s in steps_of(metrics)] == list(range(1, 51))
