@@ -5,8 +5,9 @@ moto) in a temporary directory. Every job goes in as `gpufleet jobs submit` send
   ResumeProgram starting a node's slurmd, its registration, and slurmctld's next check of configuring jobs
   (it looks every 30 s; a cloud instance's boot adds its own minutes).
 - slurm_submit_to_running_s: the same with a node up and idle, median of ROUNDS (target <= 3 s).
-- slurm_requeue_to_running_s: a running job's node gets a spot notice (its metadata endpoint): from the notice to
-  the job running again (Slurm's restart count 1), median of ROUNDS. Slurm's default cred_expire (120 s) would
+- slurm_requeue_to_running_s: a running job's node gets a spot notice (its metadata endpoint) while the other node
+  is up and idle: from the notice to the job running again there (Slurm's restart count 1), median of ROUNDS
+  (with every other node powered down, a power-up as above is added). Slurm's default cred_expire (120 s) would
   hold the requeued job for about 150 s; the box renders 10 s (target <= 20 s).
 - slurm_jobs_list_s: `gpufleet jobs list`'s read of 1,000 records that name their Slurm jobs, as the bridge writes
   them, through the records' index (target <= 2 s).
@@ -94,6 +95,9 @@ def run() -> dict[str, dict]:
             rs_wait(f"warm-{i}")
         requeues = []
         for i in range(ROUNDS):
+            both = Job(f"both-{i}", args=TINY, nodes=2)  # both nodes up: the requeued job has an idle one to go to
+            _submit_to_running(rs, queue, env, both)
+            rs_wait(both.job_id)
             job = Job(f"spot-{i}", args=TINY[:-1] + ("100000",))
             _submit_to_running(rs, queue, env, job)
             sid = rs.get(job.job_id)["slurm"]["id"]
