@@ -35,13 +35,9 @@ TINY = ("--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "-
 
 
 def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
+    from tests.trainer.gated import wait_for
+
+    return wait_for(predicate, timeout_s, what)
 
 
 def _state(slurm_id: str, env: dict) -> tuple[str, int]:

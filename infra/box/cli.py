@@ -21,6 +21,7 @@ from pathlib import Path
 from infra import cli
 from infra.box import layout as lay
 from infra.cli import UsageError
+from trainer.slurm.nodes import alive as _alive
 
 UP_TIMEOUT_S = 120.0
 DOWN_TIMEOUT_S = 60.0
@@ -55,19 +56,6 @@ def _port(text: str) -> int:
     if not text.isdigit() or not (int(text) == 0 or 1024 <= int(text) <= 65000):
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected 0 or a port from 1024 to 65000")
     return int(text)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def running_state(root: Path) -> dict | None:

@@ -60,6 +60,7 @@ from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, Rendezvo
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, node_facts, stop_grace)
 from trainer.node.tracking import Output, Tracking
+from trainer.slurm.task import default_checkpoint_uri, trainer_args
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -73,28 +74,9 @@ GANG_POLL_S = 2.0  # how often a gang node looks at the assignment object
 FAIL_FAST_GRACE_S = 30  # a gang part stopped because another part failed: SIGTERM, SIGKILL after this
 
 
-def default_checkpoint_uri(bucket: str, job_id: str) -> str:
-    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL (https:// or az://), on Tencent
-    a cos:// URI."""
-    if "://" in bucket:
-        return f"{bucket.rstrip('/')}/jobs/{job_id}/"
-    return f"s3://{bucket}/jobs/{job_id}/"
-
-
 def job_args(job: Job, bucket: str, metrics_path: str) -> tuple[list[str], str, str]:
     """The job's train flags with the agent's defaults: (args, checkpoint URI, metrics file)."""
-    from trainer.loop.config import TrainConfig, parse_args
-
-    cfg = parse_args(job.args)
-    args = list(job.args)
-    uri, metrics = cfg.checkpoint_uri, cfg.metrics_file
-    if uri == TrainConfig.checkpoint_uri:  # not chosen by the job: its own prefix in the cluster bucket
-        uri = default_checkpoint_uri(bucket, job.job_id)
-        args += ["--checkpoint-uri", uri]
-    if metrics is None:
-        metrics = metrics_path
-        args += ["--metrics-file", metrics]
-    return args, uri, metrics
+    return trainer_args(job, default_checkpoint_uri(bucket, job.job_id), metrics_path)
 
 
 def command(args: list[str], nproc: int) -> list[str]:

@@ -56,7 +56,8 @@ def _pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -71,13 +72,13 @@ def _alive(pid: int) -> bool:
 
 def stop_pid(pid: int | None, wait_s: float = STOP_WAIT_S) -> None:
     """SIGTERM, then SIGKILL after ``wait_s``."""
-    if pid is None or not _alive(pid):
+    if pid is None or not alive(pid):
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    if _alive(pid):
+    if alive(pid):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -163,7 +164,7 @@ def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
     watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
-    while not notice.is_set() and not stop["asked"] and watcher.is_alive():
+    while not notice.is_set() and not stop["asked"] and watcher.isalive():
         time.sleep(0.1)
     if not notice.is_set():
         return 0
