@@ -205,6 +205,9 @@ def retry(target: Target, job_id: str) -> str:
 
     rs = target.records()
     rec = rs.get(job_id)
+    if rec.get("kind") == "sbatch":
+        raise UsageError(f"retry: job {job_id} was submitted with sbatch on the controller, not through the queue; "
+                         "submit its script again with sbatch")
     queue = open_queue(target.queue_url)
     dlq = open_queue(target.dlq_url) if target.dlq_url else queue.dead_letters()
     removed = remove_dead_letter(dlq, job_id) if dlq else 0
