@@ -124,9 +124,10 @@ class Bridge:
             self.queue.extend(msg, HOLD_VISIBILITY_S)
             if len(g.members) == g.count:
                 del self.gathering[nonce]
-                self.submit([g.members[i] for i in range(g.count)], nonce)
+                members = [g.members[i] for i in range(g.count)]
+                self.submit(members, batch.key_of([j for _, j in members], msg.id))
             return
-        self.submit([(msg, job)], msg.id)
+        self.submit([(msg, job)], batch.key_of([job], msg.id))
 
     def refuse(self, msg: Message, exc: UsageError) -> None:
         """An invalid message: to the dead-letter queue at once; one line in its record if it names a job."""

@@ -3,7 +3,6 @@ environment. Every failure is a SlurmError with Slurm's own first line."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -122,8 +121,3 @@ def node_states() -> dict[str, str]:
     """Every node's state as sinfo writes it (idle~ powered down, down* not responding, drained, ...)."""
     out = _run(["sinfo", "-h", "-N", "-o", "%N %T"])
     return dict(line.split(None, 1) for line in out.splitlines() if " " in line)
-
-
-def configured() -> bool:
-    """Whether a Slurm configuration is in reach (SLURM_CONF, or the default file)."""
-    return bool(os.environ.get("SLURM_CONF")) or os.path.exists("/etc/slurm/slurm.conf")
