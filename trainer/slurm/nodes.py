@@ -164,7 +164,7 @@ def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
     watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
-    while not notice.is_set() and not stop["asked"] and watcher.isalive():
+    while not notice.is_set() and not stop["asked"] and watcher.is_alive():
         time.sleep(0.1)
     if not notice.is_set():
         return 0

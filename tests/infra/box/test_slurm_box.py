@@ -155,7 +155,7 @@ def test_a_bad_message_is_dead_lettered_at_once_with_one_line_in_its_record(box)
 
 
 def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(box, tmp_path):
-    metrics = slow_job(box, "spot", tmp_path, steps=60, sleep=0.1)
+    metrics = slow_job(box, "spot", tmp_path, steps=200, sleep=0.1)  # ~20 s left once noticed
     node = box.node_of_running("spot")
     wait_for(lambda: len(steps_of(metrics)) >= 5, 120, "five steps")
     noticed = gpufleet("box", "notice", node, "--dir", str(box.dir))
@@ -168,7 +168,7 @@ def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(b
     if second["nodes"] == first["nodes"]:  # the same name, a fresh machine: powered down, then up again
         assert power.index(f"node {node}: stopped") < power.rindex(f"node {node}: slurmd and its notice watcher")
     done = steps_of(metrics)
-    assert [s for _, s in done] == list(range(1, 61))  # none lost, none done twice
+    assert [s for _, s in done] == list(range(1, 201))  # none lost, none done twice
     assert {a for a, _ in done} == {1, 2}
 
 
