@@ -48,7 +48,7 @@ def partitions(cfg: StackConfig) -> tuple[Partition, ...]:
 
 def cluster(cfg: StackConfig, controller: str, programs: dict[str, str]) -> Cluster:
     """The stack's Slurm cluster on its cloud: the controller's host name, the power-saving programs (resume,
-    suspend, resume_fail, and optionally health_check -> executable path) and the cloud's standard paths."""
+    suspend, resume_fail -> executable path) and the cloud's standard paths."""
     return Cluster(name=cfg.stack, controller=controller, partitions=partitions(cfg), state_dir=STATE_DIR,
                    spool_dir=SPOOL_DIR, log_dir=LOG_DIR, run_dir=RUN_DIR, programs=dict(programs),
                    cloud=cfg.cloud, slurm_user=SLURM_USER)

@@ -92,22 +92,33 @@ def _port_free(port: int) -> bool:
 
 
 def up(args) -> int:
+    state = start(args.dir, args.nodes, args.port, args.stack)
+    print(f"# box up in {state['dir']}: {args.nodes} CLOUD node(s) ({', '.join(state['nodes'])}), powered down "
+          f"until a job needs them; bucket {state['bucket']}")
+    for line in lay.exports(state):
+        print(line)
+    return 0
+
+
+def start(root: Path, nodes: int = lay.DEFAULT_NODES, port: int = 0, stack: str = "dev") -> dict:
+    """Start a box in ``root`` in the background and wait until it is up; its state. One-line UsageError when
+    Slurm is missing, a box already runs there, a port is taken or the box could not start."""
     missing = [f"{cmd} ({pkg})" for cmd, pkg in NEEDS.items() if not shutil.which(cmd, path=_path())]
     if missing:
         raise UsageError(f"box: Slurm is not installed: {', '.join(missing)} missing; run `make tools` (as root) "
                          "or install the Debian packages slurm-wlm and munge")
-    root = args.dir.expanduser().resolve()
+    root = root.expanduser().resolve()
     state = running_state(root)
     if state is not None:
         raise UsageError(f"box: a box is already running in {root} (pid {state['pid']}); `gpufleet box down` first")
-    layout = lay.Layout(root, args.nodes)
-    need = 2 + args.nodes
-    if args.port:
-        taken = [p for p in range(args.port, args.port + need) if not _port_free(p)]
+    layout = lay.Layout(root, nodes)
+    need = 2 + nodes
+    if port:
+        taken = [p for p in range(port, port + need) if not _port_free(p)]
         if taken:
             raise UsageError(f"--port: {', '.join(map(str, taken))} taken on 127.0.0.1; the box needs {need} "
-                             f"consecutive free ports from {args.port}; choose another --port (or 0)")
-        base = args.port
+                             f"consecutive free ports from {port}; choose another --port (or 0)")
+        base = port
     else:
         base = _free_ports(need)
     if root.exists():
@@ -117,7 +128,7 @@ def up(args) -> int:
     root.mkdir(parents=True, exist_ok=True)
     out = open(root / "box.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "infra.box", "serve", "--dir", str(root), "--nodes",
-                             str(args.nodes), "--port", str(base), "--stack", args.stack],
+                             str(nodes), "--port", str(base), "--stack", stack],
                             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                             cwd=str(root), env=_child_env())
     out.close()
@@ -125,7 +136,7 @@ def up(args) -> int:
     while True:
         state = lay.read_state(root)
         if state is not None:
-            break
+            return state
         failed = root / "failed"
         if proc.poll() is not None or failed.exists():
             proc.wait()
@@ -135,11 +146,6 @@ def up(args) -> int:
             os.killpg(proc.pid, signal.SIGTERM)
             raise UsageError(f"box: not up after {UP_TIMEOUT_S:.0f} s (see {root / 'box.log'})")
         time.sleep(0.1)
-    print(f"# box up in {root}: {args.nodes} CLOUD node(s) ({', '.join(state['nodes'])}), powered down until "
-          f"a job needs them; bucket {state['bucket']}")
-    for line in lay.exports(state):
-        print(line)
-    return 0
 
 
 def _path() -> str:
@@ -147,7 +153,7 @@ def _path() -> str:
 
 
 def _child_env() -> dict[str, str]:
-    from infra.demo.cluster import REPO
+    from infra.demo.account import REPO
 
     env = dict(os.environ, PATH=_path())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -156,11 +162,16 @@ def _child_env() -> dict[str, str]:
 
 def down(args) -> int:
     root = args.dir.expanduser().resolve()
+    print(f"box in {root} stopped" if stop(root) else f"no box is running in {root}; nothing to stop")
+    return 0
+
+
+def stop(root: Path) -> bool:
+    """Stop the box in ``root`` and every process it started; False if none was running."""
     state = running_state(root)
     if state is None:
         (root / "state.json").unlink(missing_ok=True)
-        print(f"no box is running in {root}; nothing to stop")
-        return 0
+        return False
     pid = int(state["pid"])
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + DOWN_TIMEOUT_S
@@ -172,8 +183,7 @@ def down(args) -> int:
 
     kill_box(state["box_id"])  # whatever a killed supervisor left behind
     (root / "state.json").unlink(missing_ok=True)
-    print(f"box in {root} stopped")
-    return 0
+    return True
 
 
 def env(args) -> int:
@@ -198,13 +208,18 @@ def status(args) -> int:
 
 def notice(args) -> int:
     state = need_box(args.dir.expanduser().resolve())
-    if args.node not in state["nodes"]:
-        raise UsageError(f"notice: {args.node!r} is not a node of the box; expected one of {', '.join(state['nodes'])}")
-    path = lay.Layout(Path(state["dir"])).notice_file(args.node)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"at": time.time()}))
+    send_notice(state, args.node)
     print(f"node {args.node}: spot interruption notice sent (its jobs are requeued and it powers down)")
     return 0
+
+
+def send_notice(state: dict, node: str) -> None:
+    """A spot interruption notice to the node (its fake metadata endpoint answers with it from now on)."""
+    if node not in state["nodes"]:
+        raise UsageError(f"notice: {node!r} is not a node of the box; expected one of {', '.join(state['nodes'])}")
+    path = lay.Layout(Path(state["dir"])).notice_file(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"at": time.time()}))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,12 +1,13 @@
 """Where everything of a box lives, and what it runs: pure functions of the box's directory, ports and nodes.
 
-One directory holds it all (default ``~/.gpufleet/box``, or GPUFLEET_BOX_DIR):
+One directory holds it all (default ``~/.gpufleet/box``, or GPUFLEET_BOX_DIR) but its Unix sockets, which live
+in ``/tmp/gpufleet-box-<digest of the directory>/`` (munge's socket, slurmd's spool with slurmstepd's):
 
     state.json         written once the box is up: pids, the account's endpoint, bucket, queues, nodes
     account/           moto's files
-    munge/             the box's munge key, pid and log (munged of its own; its socket is in /tmp)
-    slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, spool,
-                       logs, job output
+    munge/             the box's munge key, pid and log (munged of its own)
+    slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, logs,
+                       job output
     nodes/<name>/      each node's notice file (``gpufleet box notice``) and its jobs' files
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ SUSPEND_TIME_S = 60        # idle nodes power down after a minute
 CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)
 KILL_WAIT_S = 30
 SLURMD_TIMEOUT_S = 20      # a node silent this long is DOWN and its jobs requeued
+MIN_JOB_AGE_S = 60         # an ended job leaves squeue after this (the bridge then reads accounting)
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,22 @@ class Layout:
         return self.slurm / "nodes.json"
 
     @property
-    def munge_socket(self) -> Path:
-        """munged wants every directory above its socket searchable by all, which a home directory (0700 on
-        Debian 12) or pytest's temporary directory is not: the socket lives in /tmp, named after the box."""
+    def sockets(self) -> Path:
+        """Where the box's Unix sockets live: /tmp, named after the box. munged wants every directory above its
+        socket searchable by all, which a home directory (0700 on Debian 12) or pytest's temporary directory is
+        not; slurmstepd's sockets in the spool directory must fit a socket path's 108 bytes, which a deep
+        --dir does not."""
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        return Path("/tmp") / f"gpufleet-munge-{digest}" / "munge.socket"
+        return Path("/tmp") / f"gpufleet-box-{digest}"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.sockets / "munge.socket"
+
+    @property
+    def spool_dir(self) -> Path:
+        """slurmd's spool (a directory per node), with slurmstepd's sockets."""
+        return self.sockets / "spool"
 
     @property
     def munge_key(self) -> Path:
@@ -105,13 +118,13 @@ def cluster(layout: Layout) -> Cluster:
         name="box", controller="localhost", controller_addr="127.0.0.1",
         partitions=(Partition(PARTITION, layout.nodes, CPUS_PER_NODE, MEMORY_MB,
                               features=(layout.instance_type, "spot"), default=True),),
-        state_dir=str(s / "state"), spool_dir=str(s / "spool"), log_dir=str(layout.log_dir),
+        state_dir=str(s / "state"), spool_dir=str(layout.spool_dir), log_dir=str(layout.log_dir),
         run_dir=str(layout.run_dir),
         programs={p: str(layout.program(p)) for p in ("resume", "suspend", "resume_fail")},
         cloud="local", slurmctld_port=ports["slurmctld"], slurmd_port=ports["slurmd"],
         slurm_user=_user(), munge_socket=str(layout.munge_socket), cred_expire_s=CRED_EXPIRE_S,
         suspend_time_s=SUSPEND_TIME_S, suspend_timeout_s=10, resume_timeout_s=120,
-        slurmd_timeout_s=SLURMD_TIMEOUT_S, kill_wait_s=KILL_WAIT_S, fast_scheduling=True,
+        slurmd_timeout_s=SLURMD_TIMEOUT_S, kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S, fast_scheduling=True,
         local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()})
 
 
@@ -132,7 +145,7 @@ def program_script(python: str, action: str, nodes_config: Path, slurm_conf: Pat
 def nodes_config(layout: Layout, python: str, imds: dict[str, str]) -> dict:
     """trainer.slurm.nodes.LocalProvider's config."""
     return {"provider": "local", "cloud": "aws", "slurm_conf": str(layout.slurm_conf),
-            "run_dir": str(layout.run_dir), "spool_dir": str(layout.slurm / "spool"), "log_dir": str(layout.log_dir),
+            "run_dir": str(layout.run_dir), "spool_dir": str(layout.spool_dir), "log_dir": str(layout.log_dir),
             "python": python,
             "nodes": {n: {"imds": imds[n], "notice_file": str(layout.notice_file(n))} for n in layout.node_names()}}
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from infra.box import layout as lay
-from infra.demo.cluster import CREDENTIALS, REPO, Cluster, become_subreaper, descendants, preview_document
+from infra.demo.account import CREDENTIALS, REPO, Account, become_subreaper, descendants, preview_document
 from infra.demo.imds import FakeImds
 
 log = logging.getLogger("gpufleet.box")
@@ -35,7 +35,7 @@ BOX_ID = "GPUFLEET_BOX_ID"  # in the environment of every process of a box (how 
 class Supervisor:
     def __init__(self, layout: lay.Layout, stack: str = "dev"):
         self.layout, self.stack = layout, stack
-        self.account = Cluster(stack, layout.root / "account", keep_dir=True)
+        self.account = Account(stack, layout.root / "account", keep_dir=True)
         self.imds: dict[str, FakeImds] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
@@ -50,17 +50,19 @@ class Supervisor:
         env.update(CREDENTIALS, AWS_ENDPOINT_URL=self.account.endpoint, AWS_DEFAULT_REGION=self.account.res.region,
                    AWS_EC2_METADATA_DISABLED="true", SLURM_CONF=str(self.layout.slurm_conf),
                    GPUFLEET_WORK_DIR=str(self.layout.work_dir),
+                   GPUFLEET_EMF_LOG=str(self.layout.log_dir / "metrics.log"),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                    OMP_NUM_THREADS="1", TMPDIR=str(self.layout.root / "tmp"), **{BOX_ID: self.box_id})
         return env
 
     def start(self) -> dict:
         L = self.layout
-        for d in (L.root / "account", L.root / "tmp", L.slurm / "bin", L.slurm / "state", L.slurm / "spool",
+        for d in (L.root / "account", L.root / "tmp", L.slurm / "bin", L.slurm / "state",
                   L.log_dir, L.run_dir, L.output_dir, L.work_dir, L.munge_key.parent,
                   *(L.notice_file(n).parent for n in L.node_names())):
             d.mkdir(parents=True, exist_ok=True)
-        L.munge_socket.parent.mkdir(mode=0o755, exist_ok=True)
+        L.sockets.mkdir(mode=0o755, exist_ok=True)
+        L.spool_dir.mkdir(exist_ok=True)
         self.account.start(preview_document(self.stack))
         self.account.provision()
         r = self.account.res
@@ -140,7 +142,8 @@ class Supervisor:
     # --- while it runs ---------------------------------------------------------------------------------------
 
     def tend(self) -> None:
-        """Notices asked for become the nodes' metadata; a dead bridge is started again."""
+        """Notices asked for become the nodes' metadata; a dead slurmctld or bridge is started again; the orphans
+        that came to this subreaper (the daemons' forks: slurmd, slurmstepd) are reaped when they exit."""
         for name, imds in self.imds.items():
             asked = self.layout.notice_file(name).exists()
             has = "meta-data/spot/instance-action" in imds.items
@@ -155,6 +158,7 @@ class Supervisor:
             if proc is not None and proc.poll() is not None and not self.stopping:
                 log.warning("%s exited (%s); starting it again", name, proc.returncode)
                 start()
+        reap_orphans({p.pid for p in self.procs.values()})
 
     def serve(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
@@ -189,8 +193,25 @@ class Supervisor:
         for imds in self.imds.values():
             imds.__exit__(None, None, None)
         self.account.close()
-        shutil.rmtree(self.layout.munge_socket.parent, ignore_errors=True)
+        shutil.rmtree(self.layout.sockets, ignore_errors=True)
         self.layout.state_file.unlink(missing_ok=True)
+
+
+def reap_orphans(own: set[int]) -> None:
+    """Reap this process's exited children that no Popen of ours waits for."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        pid = int(stat.parent.name)
+        if fields[0] == "Z" and fields[1] == me and pid not in own:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> None:

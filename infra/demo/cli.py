@@ -1,37 +1,45 @@
-"""`python -m infra.demo`: the cluster in a box (moto for the account, two local nodes running the real
-agent), a sweep submitted with the real `submit`, a spot interruption mid-job, and the summary.
+"""`gpufleet demo` (`python -m infra.demo`): the cluster in a box on a real Slurm (infra.box: moto for the
+account, slurmctld, two CLOUD nodes that power up on demand as local slurmd, the bridge), a 2-node DDP job and
+a sweep (one job array) of the built-in GPT submitted with the real `gpufleet jobs submit --stack box`, a spot
+interruption notice to the node of a running job, its resume on the other node from its checkpoint, the summary.
 
 Exit status: 0 every job finished with no step lost; 1 anything else (one line on stderr); 2 bad
-arguments; 130 interrupted (Ctrl-C), with every process stopped and the work directory removed.
+arguments (or no Slurm here); 130 interrupted (Ctrl-C), with every process stopped and the work directory removed.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import re
+import os
 import signal
+import subprocess
 import sys
+import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.cli import ArgumentParser, UsageError
 from infra.demo import progress as pg
 
 NODES = 2
-JOB_ID = "demo"
-POLL_S = 0.25
-DESCRIPTION = ("The cluster in a box: the stack's bucket and queues in a local moto server, two local nodes "
-               "running the real agent, a sweep, a spot interruption and its resume, a summary.")
+JOB_ID = "demo"             # the sweep: demo.lr-<value>, one job array
+PAIR_ID = "demo-ddp"        # the 2-node DDP job
+POLL_S = 0.5
+DESCRIPTION = ("The cluster in a box on a real Slurm: the stack's bucket and queues in a local moto server, "
+               "slurmctld and two CLOUD nodes powered up on demand, a 2-node DDP job and a sweep (a job array), "
+               "a spot interruption and the resume from the checkpoint, a summary.")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
-    p.add_argument("--jobs", type=_positive, default=5, help="jobs in the sweep (one learning rate each), >= 3")
+    p.add_argument("--jobs", type=_positive, default=3,
+                   help="jobs in the sweep (one learning rate each): odd, >= 3, so the last runs alone")
     p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job (about 0.1 s each), >= 20")
     p.add_argument("--work-dir", metavar="DIR", help="use (and keep) this directory instead of a temporary one")
-    p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (nodes' logs, metrics)")
+    p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (Slurm's logs, metrics)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary here as JSON")
     p.add_argument("--timeout", type=_positive, default=600, metavar="S", help="give up after S seconds")
 
@@ -43,8 +51,9 @@ def _positive(text: str) -> int:
 
 
 def check(args: argparse.Namespace) -> argparse.Namespace:
-    if args.jobs < 3:
-        raise UsageError(f"--jobs: {args.jobs} is not allowed; expected >= 3 (two nodes, and one job left to interrupt)")
+    if args.jobs < 3 or args.jobs % 2 == 0:
+        raise UsageError(f"--jobs: {args.jobs} is not allowed; expected an odd number >= 3 (the sweep runs two at "
+                         "a time on the two nodes: the last job runs alone, and the notice goes to its node)")
     if args.work_dir and Path(args.work_dir).exists() and any(Path(args.work_dir).iterdir()):
         raise UsageError(f"--work-dir: {args.work_dir} is not empty; give a new or empty directory")
     if args.steps < 20:
@@ -69,7 +78,7 @@ def train_args(steps: int) -> list[str]:
             "--checkpoint-every", str(every), "--warmup-steps", str(max(1, steps // 10)), "--log-every", str(every)]
 
 
-def read_records(path: Path) -> list[dict]:
+def read_metrics(path: Path) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -95,7 +104,7 @@ def job_table(table: list[pg.Row]):
     for r in table:
         t.add_row(r.job, r.node, f"{r.step}/{r.total}", "-" if r.loss is None else f"{r.loss:.3f}",
                   "-" if r.checkpoint is None else str(r.checkpoint), r.state,
-                  style=style.get(r.state, "yellow" if "notice" in r.state or "handed" in r.state else None))
+                  style=style.get(r.state, "yellow" if "notice" in r.state or "requeued" in r.state else None))
     return t
 
 
@@ -109,10 +118,10 @@ def summary_table(s: pg.Summary, wall_s: float):
     t.add_row("steps lost", str(s.steps_lost))
     t.add_row("steps redone", str(s.steps_redone))
     if s.requeue_latency_s is not None:
-        t.add_row(f"requeue latency ({s.interrupted_job}: {s.notice_node} -> {s.resumed_node})",
+        t.add_row(f"requeue latency, notice to training ({s.interrupted_job}: {s.notice_node} -> {s.resumed_node})",
                   f"{s.requeue_latency_s:.1f} s")
         t.add_row(f"checkpoint after the notice (step {s.stopped_at})", f"{s.stop_s:.1f} s")
-    t.add_row("training time (node-hours)", f"{s.node_hours:.5f}")
+    t.add_row("training time (node-hours, every node of a job)", f"{s.node_hours:.5f}")
     for kind, c in s.stack_cost.items():
         t.add_row(f"at the stack's {kind.replace('_', '-')} price ({c['instance_type']})", f"USD {c['usd']:.5f}")
     t.add_row("demo wall time", f"{wall_s:.0f} s")
@@ -182,36 +191,110 @@ class DemoFailure(Exception):
     """Something in the demo's cluster went wrong; str() is one line."""
 
 
+@dataclass
+class Box:
+    """The demo's view of its running box: Slurm's commands, the bucket's records, checkpoints and metrics."""
+    dir: Path
+    state: dict
+    _s3: object = None
+
+    def env(self) -> dict[str, str]:
+        """A user's shell after `eval $(gpufleet box env)`."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SLURM_", "GPUFLEET_"))}
+        from infra.box.cli import _path
+
+        return {**env, "SLURM_CONF": self.state["slurm_conf"], "GPUFLEET_BOX_DIR": str(self.dir), "PATH": _path()}
+
+    @property
+    def s3(self):
+        if self._s3 is None:
+            import boto3
+
+            self._s3 = boto3.client("s3", endpoint_url=self.state["endpoint"], region_name=self.state["region"],
+                                    aws_access_key_id="box", aws_secret_access_key="box")
+        return self._s3
+
+    def submit(self, *argv: str) -> list[str]:
+        """`gpufleet jobs submit --stack box ARGV`, as a user runs it; the queued job ids."""
+        done = subprocess.run([sys.executable, "-m", "infra.cli", "jobs", "submit", "--stack", "box", *argv],
+                              env=self.env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise DemoFailure(f"jobs submit: {(done.stderr or done.stdout).strip()}")
+        return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("queued ")]
+
+    def records(self, jobs: list[str]) -> dict[str, dict]:
+        from trainer.clouds.aws import S3Store
+        from trainer.jobs.records import RecordStore, UnknownJob
+
+        store = RecordStore(S3Store(self.state["bucket"], "", client=self.s3))
+        out = {}
+        for job in jobs:
+            try:
+                out[job] = store.get(job)
+            except UnknownJob:  # not written by submit yet
+                pass
+        return out
+
+    def checkpoints(self, jobs: list[str]) -> dict[str, int | None]:
+        """The newest checkpoint step of each job in the bucket (its default prefix jobs/<job>/)."""
+        from trainer.clouds.aws import S3Store
+        from trainer.loop.checkpoint import Checkpointer
+
+        out = {}
+        for job in jobs:
+            steps = Checkpointer(S3Store(self.state["bucket"], f"jobs/{job}/", client=self.s3), keep=1).steps()
+            out[job] = steps[0] if steps else None
+        return out
+
+    def metrics(self, job: str) -> list[tuple[str, list[dict]]]:
+        """The job's metrics files, one per attempt (its rank 0's node): [(node, records)]."""
+        found = []
+        for path in (self.dir / "work" / "nodes").glob(f"*/jobs/{job}/metrics-*.jsonl"):
+            attempt = path.stem.rsplit("-", 1)[1]
+            found.append((int(attempt) if attempt.isdigit() else 0, path.parents[2].name, read_metrics(path)))
+        return [(node, recs) for _, node, recs in sorted(found)]
+
+    def nodes(self) -> dict[str, str]:
+        """Each node's Slurm state (sinfo's: idle~ is powered down, # powering up, % powering down)."""
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True, text=True,
+                              timeout=30)
+        return dict(line.split(None, 1) for line in done.stdout.splitlines() if " " in line)
+
+
 def run(args: argparse.Namespace, display: Display) -> pg.Summary:
-    from infra.demo.cluster import Cluster, become_subreaper, preview_document
+    from infra.box import cli as box_cli
+    from infra.demo import resources as rs
+    from infra.demo.account import preview_document
 
     started = time.monotonic()
-    become_subreaper()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpufleet-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(args.stack, work, keep_dir=bool(args.work_dir or args.keep_dir))
+    box_dir = work / "box"
     try:
         display.say(f"preview of stack {args.stack} (in-process, mock runtime)")
         doc = preview_document(args.stack)
+        res = rs.stack_resources(doc)  # a stack the box cannot stand in for is refused here, in one line
         levels = [v.get("level") for v in doc.get("policy", {}).get("violations", [])]
         display.say(f"preview: {len(doc['resources'])} resources, {levels.count('mandatory')} mandatory and "
                     f"{len(levels) - levels.count('mandatory')} advisory policy findings")
-        cluster.start(doc)
-        display.say(f"moto server at {cluster.endpoint} stands in for the account; work dir {work}")
-        cluster.provision()
-        for note in cluster.notes:
-            display.say(note)
-        instances = cluster.start_group(NODES)
-        display.say(f"autoscaling group {cluster.res.group_name}: {', '.join(i[0] for i in instances)}")
-        nodes = [cluster.add_node(f"node-{i + 1}", inst) for i, inst in enumerate(instances)]
-        jobs = cluster.submit(JOB_ID, "lr=" + ",".join(sweep_values(args.jobs)), train_args(args.steps))
-        display.say(f"submitted {len(jobs)} jobs to {cluster.queue_url}")
-        summary, protected = follow(args, cluster, nodes, jobs, display)
-        cluster.stop_agents()
+        state = box_cli.start(box_dir, NODES, 0, args.stack)
+        box = Box(box_dir, state)
+        display.say(f"box up in {box_dir}: moto at {state['endpoint']} stands in for the account, slurmctld on "
+                    f"port {state['slurmctld_port']}, CLOUD nodes {', '.join(state['nodes'])} powered down")
+        (pair,) = box.submit("--job-id", PAIR_ID, "--nodes", str(NODES), "--", *train_args(args.steps))
+        display.say(f"submitted {pair} (DDP on {NODES} nodes) to the queue {state['queue_url']}")
+        wait_for_slurm(box, pair, args.timeout)
+        jobs = box.submit("--job-id", JOB_ID, "--sweep", "lr=" + ",".join(sweep_values(args.jobs)), "--",
+                          *train_args(args.steps))
+        display.say(f"submitted the sweep: {len(jobs)} jobs, one job array")
+        jobs = [pair, *jobs]
+        summary, records = follow(args, box, jobs, res, doc, display)
         summary_json = {**dataclasses.asdict(summary), "ok": summary.ok, "wall_s": time.monotonic() - started,
-                        "stack": args.stack, "queue_url": cluster.queue_url, "bucket": cluster.res.bucket_name,
-                        "nodes": {n.name: n.instance_id for n in nodes}, "protected_seen": sorted(protected),
-                        "notes": cluster.notes}
+                        "stack": args.stack, "queue_url": state["queue_url"], "bucket": state["bucket"],
+                        "nodes": sorted(state["nodes"]),
+                        "slurm_ids": {j: (r.get("slurm") or {}).get("id") for j, r in records.items()},
+                        "attempts": {j: [{"n": a.get("n"), "nodes": a.get("nodes"), "reason": a.get("reason")}
+                                         for a in r.get("attempts", [])] for j, r in records.items()}}
         display.final(job_table(display.table), *summary_table(summary, summary_json["wall_s"]))
         if args.summary_json:
             Path(args.summary_json).write_text(json.dumps(summary_json, indent=2) + "\n")
@@ -219,103 +302,59 @@ def run(args: argparse.Namespace, display: Display) -> pg.Summary:
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         try:
-            cluster.close()
+            box_cli.stop(box_dir)
+            if not (args.work_dir or args.keep_dir):
+                shutil.rmtree(work, ignore_errors=True)
         finally:
             signal.signal(signal.SIGINT, previous)
 
 
-class AgentLog:
-    """New lines of a node's agent log (the agent's and its jobs' stderr): hand-backs and failures."""
-
-    HANDED_BACK = re.compile(r"job (\S+): stopped after a checkpoint; message handed back")
-    FAILED = re.compile(r"job \S+: failed with exit status .*")
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-        self.handed_back: set[str] = set()
-
-    def read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return
-        data = data[:data.rfind(b"\n") + 1]
-        self.offset += len(data)
-        for line in data.decode(errors="replace").splitlines():
-            if m := self.HANDED_BACK.search(line):
-                self.handed_back.add(m.group(1))
-            if m := self.FAILED.search(line):
-                raise DemoFailure(f"{self.path.parent.name}: {m.group(0)}")
+def wait_for_slurm(box: Box, job: str, timeout_s: float) -> None:
+    """Until the bridge has the job in Slurm (so that the sweep, sent next, queues behind it)."""
+    deadline = time.monotonic() + timeout_s
+    while not (box.records([job]).get(job) or {}).get("slurm"):
+        if time.monotonic() > deadline:
+            raise DemoFailure(f"job {job} did not reach Slurm within {timeout_s} s")
+        time.sleep(POLL_S)
 
 
-def follow(args, cluster, nodes, jobs: list[str], display: Display) -> tuple[pg.Summary, set[str]]:
-    """Start the nodes, watch the jobs, send the spot notice, until every job is done. Returns the summary
-    and the nodes seen protected from scale-in (by their agent, in moto) while a job ran."""
-    first, second = nodes
+def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) -> tuple[pg.Summary, dict]:
+    """Watch the jobs, send the spot notice to the node of the job left running alone, until every job is
+    done. Returns the summary and the jobs' records."""
     deadline = time.monotonic() + args.timeout
     notice: pg.Notice | None = None
-    reclaimed = False
     seen: dict[str, str] = {}
     checkpoints: dict[str, int | None] = {}
-    logs: dict[str, AgentLog] = {}
-    protected_seen: set[str] = set()
-
-    def start(node) -> None:
-        cluster.start_agent(node)
-        logs[node.name] = AgentLog(node.log)
-        display.say(f"{node.name} ({node.instance_id}, {node.instance_type}) runs the agent")
-
-    def read_checkpoints() -> dict[str, int | None]:
-        return {job: (steps[0] if (steps := cluster.checkpoint_steps(job)) else None) for job in jobs}
-
-    start(first)
     last_ckpt_read = 0.0
     while True:
-        for log in logs.values():
-            log.read()
-        handed_back = set().union(*(log.handed_back for log in logs.values()))
-        files = {job: {n.name: recs for n in nodes if (recs := read_records(n.metrics_file(job)))} for job in jobs}
+        records = box.records(jobs)
+        files = {job: box.metrics(job) for job in jobs}
         if time.monotonic() - last_ckpt_read > 1.0:
-            checkpoints, last_ckpt_read = read_checkpoints(), time.monotonic()
-        table = pg.rows(jobs, files, args.steps, checkpoints, notice, handed_back)
+            checkpoints, last_ckpt_read = box.checkpoints(jobs), time.monotonic()
+        nodes = box.nodes()
+        table = pg.rows(jobs, files, args.steps, checkpoints, records, notice)
         for r in table:
             if seen.get(r.job) != r.state:
-                if r.state != "waiting":
-                    display.say(f"{r.job}: {r.state} on {r.node} (step {r.step})")
+                display.say(f"{r.job}: {r.state}" + (f" on {r.node} (step {r.step})" if r.node != "-" else ""))
                 seen[r.job] = r.state
-        if second.proc is None and any(r.step >= args.steps // 3 for r in table):
-            start(second)  # a third of a job after the first, so that one job is left running alone at the end
-        if notice is None and second.proc is not None:
-            target = pg.victim(table, *cluster.queue_counts())
+            if r.state in ("failed", "cancelled"):
+                rec = records[r.job]
+                why = (rec.get("attempts") or [{}])[-1].get("reason") or rec.get("reason") or "no reason given"
+                raise DemoFailure(f"job {r.job} {r.state}: {why}")
+        if notice is None:
+            target = pg.victim(table, sum(1 for s in nodes.values() if s == "idle"))
             if target:
-                node = next(n for n in nodes if n.name == target.node)
-                node.imds.spot_interruption()
-                notice = pg.Notice(node.name, target.job, time.time(), target.step)
-                display.say(f"spot interruption notice to {node.name} ({node.instance_id}) while {target.job} "
-                            f"is at step {target.step}")
-        for n in nodes:
-            if n.proc is None or n.proc.poll() is None:
-                continue
-            if not (notice and n.name == notice.node):
-                raise DemoFailure(f"the agent of {n.name} exited with status {n.proc.returncode} (see {n.log})")
-            if not reclaimed:
-                cluster.reclaim(n)
-                reclaimed = True
-                display.say(f"{n.name}: the agent took no more jobs and exited ({n.proc.returncode}); "
-                            f"instance {n.instance_id} terminated in the group")
-        protected = cluster.protected()
-        protected_seen |= {n.name for n in nodes if protected.get(n.instance_id)}
-        display.update(table, "   ".join(
-            f"{n.name} {n.instance_id} {n.instance_type}: "
-            + ("reclaimed" if reclaimed and n.name == notice.node else
-               "scale-in protected" if protected.get(n.instance_id) else "idle" if n.proc else "not started")
-            for n in nodes))
+                from infra.box.cli import send_notice
+
+                send_notice(box.state, target.node)
+                notice = pg.Notice(target.node, target.job, time.time(), target.step)
+                display.say(f"spot interruption notice to {target.node} while {target.job} is at step "
+                            f"{target.step}")
+        display.update(table, "   ".join(f"{n}: {s}" for n, s in sorted(nodes.items())))
         if all(r.state == "done" for r in table):
-            display.update(pg.rows(jobs, files, args.steps, read_checkpoints(), notice, handed_back), "")
-            return pg.summarize(jobs, files, args.steps, notice, cluster.res.instance_types,
-                                cluster.doc.get("cost", {}).get("prices", {})), protected_seen
+            nodes_of = {r.job: r.nodes for r in table}
+            return pg.summarize(jobs, files, args.steps, notice, res.instance_types,
+                                doc.get("cost", {}).get("prices", {}), nodes_of), records
         if time.monotonic() > deadline:
             raise DemoFailure(f"the jobs did not finish within {args.timeout} s")
         time.sleep(POLL_S)
@@ -347,7 +386,7 @@ def execute(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: every process stopped", file=sys.stderr)
         return 130
-    except (ConfigError, PreviewMismatch) as exc:
+    except (ConfigError, PreviewMismatch, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except DemoFailure as exc:

@@ -1,11 +1,11 @@
 """The demo's arithmetic: jobs' runs from their metrics files, the live table's rows, when to send the
 spot notice, and the summary (steps lost and redone, requeue latency, GPU-hours and their price).
-Pure functions on plain data; the orchestration (infra.demo.cluster) reads the files and the queue.
+Pure functions on plain data; the orchestration (infra.demo.cli) reads the files, the records and Slurm.
 
-A metrics file (one per job and node, ``<node>/jobs/<job>/metrics.jsonl``) holds one record per optimizer
-step: ``step``, ``loss``, ``time`` (wall clock when written), ``step_time_s`` and, on a step whose
-checkpoint was saved, ``checkpoint_s``. A run is a stretch of increasing steps; a resumed process on the
-same node appends a new run to the same file.
+A metrics file (one per job attempt, written by the attempt's rank 0 on its node:
+``<box>/work/nodes/<node>/jobs/<job>/metrics-<attempt>.jsonl``) holds one record per optimizer step: ``step``,
+``loss``, ``time`` (wall clock when written), ``step_time_s`` and, on a step whose checkpoint was saved,
+``checkpoint_s``. A run is a stretch of increasing steps. A job's files are given as ``[(node, records)]``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from infra import catalog
 
-MIN_LEFT_S = 4.0  # training time a job must have left for a notice: the watcher's 2 s poll, the stop step
+MIN_LEFT_S = 12.0  # training a job must have left for a notice: the watcher's 2 s poll, requeue, the stop step
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ def split_runs(node: str, records: list[dict]) -> list[Run]:
     return [Run(node, tuple(r)) for r in runs]
 
 
-def job_runs(files: dict[str, list[dict]]) -> list[Run]:
-    """All runs of one job (``files``: node -> the records of its metrics file), in start order."""
-    return sorted((run for node, recs in files.items() for run in split_runs(node, recs)), key=lambda r: r.started)
+def job_runs(files: list[tuple[str, list[dict]]]) -> list[Run]:
+    """All runs of one job (``files``: (node, the records of one metrics file) each), in start order."""
+    return sorted((run for node, recs in files if recs for run in split_runs(node, recs)), key=lambda r: r.started)
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class Row:
     checkpoint: int | None
     state: str
     step_time_s: float | None = None  # of the latest steps
+    nodes: int = 1                    # nodes the job asked for
 
 
 def step_time(run: Run, last: int = 5) -> float:
@@ -88,43 +89,59 @@ def step_time(run: Run, last: int = 5) -> float:
     return sum(r.get("step_time_s", 0.0) for r in recent) / len(recent)
 
 
-def job_state(runs: list[Run], total: int, notice: Notice | None, job: str, handed_back: bool) -> str:
-    """waiting, running, spot notice: stopping, handed back at N, resumed from N, done."""
-    if not runs:
-        return "waiting"
-    latest = runs[-1]
-    if latest.last >= total:
+def job_state(runs: list[Run], total: int, record: dict | None, notice: Notice | None, job: str) -> str:
+    """The job's state in the table, from its runs and its record (the bridge's view of Slurm's): waiting,
+    nodes powering up, starting, running, spot notice: stopping, requeued at N, resumed from N, done, failed,
+    cancelled."""
+    state = (record or {}).get("state", "queued")
+    if state in ("failed", "cancelled"):
+        return state
+    if runs and runs[-1].last >= total and state == "succeeded":
         return "done"
-    if notice is not None and notice.job == job and latest.node == notice.node:
-        return f"handed back at {latest.last}" if handed_back else "spot notice: stopping"
-    if len(runs) > 1 and runs[-2].node != latest.node:
+    if not runs:
+        if state == "running":
+            return "starting"
+        return "nodes powering up" if (record or {}).get("reason") == "nodes powering up" else "waiting"
+    latest = runs[-1]
+    if state == "preempted":
+        return f"requeued at {latest.last}"
+    if notice is not None and notice.job == job and latest.node == notice.node and latest.started <= notice.time:
+        current = ((record or {}).get("attempts") or [{}])[-1].get("nodes") or [notice.node]
+        return "spot notice: stopping" if notice.node in current else "starting"  # elsewhere, no step yet
+    if len(runs) > 1:
         return f"resumed from {latest.first - 1}"
     return "running"
 
 
-def rows(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: int,
-         checkpoints: dict[str, int | None], notice: Notice | None, handed_back: set[str] = frozenset()) -> list[Row]:
-    """The live table: per job its node, step, loss, newest checkpoint in the store and state
-    (``handed_back``: jobs whose agent said it handed the message back)."""
+def rows(jobs: list[str], files: dict[str, list[tuple[str, list[dict]]]], total: int,
+         checkpoints: dict[str, int | None], records: dict[str, dict], notice: Notice | None) -> list[Row]:
+    """The live table: per job its nodes, step, loss, newest checkpoint in the store and state."""
     out = []
     for job in jobs:
-        runs = job_runs(files.get(job, {}))
+        runs = job_runs(files.get(job, []))
         latest = runs[-1] if runs else None
-        out.append(Row(job, latest.node if latest else "-", latest.last if latest else 0, total,
+        record = records.get(job) or {}
+        attempts = record.get("attempts") or [{}]
+        node = ",".join(attempts[-1].get("nodes") or []) or (latest.node if latest else "-")
+        out.append(Row(job, node, latest.last if latest else 0, total,
                        latest.records[-1]["loss"] if latest else None, checkpoints.get(job),
-                       job_state(runs, total, notice, job, job in handed_back), step_time(latest) if latest else None))
+                       job_state(runs, total, record, notice, job), step_time(latest) if latest else None,
+                       int((record.get("spec") or {}).get("nodes", 1))))
     return out
 
 
-def victim(table: list[Row], visible: int, in_flight: int, min_left_s: float = MIN_LEFT_S) -> Row | None:
-    """The job to interrupt now, or None: the one job still running while the queue is empty and the
-    other nodes are idle (so that one can take it over at once), with steps done and ``min_left_s`` of
+def victim(table: list[Row], idle_nodes: int, min_left_s: float = MIN_LEFT_S) -> Row | None:
+    """The job to interrupt now, or None: the one job still running, on one node, while no job waits and a
+    powered-up node is idle (so that it takes the job over at once), with steps done and ``min_left_s`` of
     training left at its recent step time."""
     running = [r for r in table if r.state == "running"]
-    if visible or in_flight != 1 or len(running) != 1:
+    waiting = [r for r in table if r.state in ("waiting", "nodes powering up")]
+    if waiting or idle_nodes < 1 or len(running) != 1:
         return None
     r = running[0]
-    return r if r.step >= 1 and (r.total - r.step) * (r.step_time_s or 0.0) >= min_left_s else None
+    if r.nodes != 1 or r.step < 1:
+        return None
+    return r if (r.total - r.step) * (r.step_time_s or 0.0) >= min_left_s else None
 
 
 @dataclass
@@ -193,10 +210,12 @@ def stack_cost(node_hours: float, prices: dict) -> dict:
             for kind, p in prices.items()}
 
 
-def summarize(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: int, notice: Notice | None,
-              instance_types: list[str], stack_prices: dict) -> Summary:
-    """The end-of-demo figures and what went wrong (``failures``: one line each; none means success)."""
-    all_runs = {job: job_runs(files.get(job, {})) for job in jobs}
+def summarize(jobs: list[str], files: dict[str, list[tuple[str, list[dict]]]], total: int, notice: Notice | None,
+              instance_types: list[str], stack_prices: dict, nodes_of: dict[str, int] | None = None) -> Summary:
+    """The end-of-demo figures and what went wrong (``failures``: one line each; none means success).
+    ``nodes_of``: the nodes of each multi-node job (its rank 0 writes the metrics; its node-hours count them all)."""
+    nodes_of = nodes_of or {}
+    all_runs = {job: job_runs(files.get(job, [])) for job in jobs}
     done = [j for j, runs in all_runs.items() if runs and runs[-1].last >= total]
     failures = [f"job {j} did not finish" for j in jobs if j not in done]
     lost = redone = missing = 0
@@ -204,7 +223,7 @@ def summarize(jobs: list[str], files: dict[str, dict[str, list[dict]]], total: i
         lost += sum(steps_lost(r) for r in runs[:-1])  # every run but the finishing one was interrupted
         redone += steps_redone(runs)
         missing += steps_missing(runs, total) if runs else 0
-    node_hours = sum(r.seconds for runs in all_runs.values() for r in runs) / 3600
+    node_hours = sum(r.seconds * nodes_of.get(job, 1) for job, runs in all_runs.items() for r in runs) / 3600
     s = Summary(len(jobs), len(done), total, lost, redone, missing, None, None, None, None, None, None, None,
                 node_hours, costs(node_hours, instance_types), stack_cost(node_hours, stack_prices), failures)
     if notice is None:

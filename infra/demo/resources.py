@@ -223,26 +223,6 @@ def queue_requests(q: Queue) -> list[tuple[str, dict]]:
     return calls
 
 
-def group_request(r: StackResources, subnet: str, launch_template: str, desired: int) -> dict:
-    """create_auto_scaling_group: the previewed group's name, bounds, types, spot distribution and tags,
-    in one moto subnet, at ``desired`` nodes (what the backlog scaling would ask for)."""
-    inputs = r.group["inputs"]
-    mixed = inputs.get("mixedInstancesPolicy", {})
-    return {
-        "AutoScalingGroupName": r.group_name, "MinSize": inputs.get("minSize", 0),
-        "MaxSize": max(inputs.get("maxSize", desired), desired), "DesiredCapacity": desired,
-        "VPCZoneIdentifier": subnet, "CapacityRebalance": bool(inputs.get("capacityRebalance", False)),
-        "MixedInstancesPolicy": {
-            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": launch_template,
-                                                               "Version": "$Latest"},
-                               "Overrides": [{"InstanceType": t} for t in r.instance_types]},
-            "InstancesDistribution": pascal(mixed.get("instancesDistribution", {})),
-        },
-        "Tags": [{"Key": t["key"], "Value": t["value"], "PropagateAtLaunch": bool(t.get("propagateAtLaunch"))}
-                 for t in inputs.get("tags", [])],
-    }
-
-
 def policy_resources(policy: str) -> set[str]:
     """The Resource ARNs a policy document names."""
     found: set[str] = set()

@@ -55,12 +55,12 @@ from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.platform import Platform, open_platform
-from trainer.node.registry import write_config_dir
+from trainer.node.registry import login_env
 from trainer.node.rendezvous import C10D_PORT, Assignment, Board, Gang, RendezvousError, wait_for_head
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, node_facts, stop_grace)
 from trainer.node.tracking import Output, Tracking
-from trainer.slurm.task import default_checkpoint_uri, trainer_args
+from trainer.slurm.task import default_checkpoint_uri, saved_step, trainer_args
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -334,7 +334,7 @@ class Agent:
             log.info("job %s: cancelled; stopped (exit %d), message deleted", job.job_id, rc)
             return EXIT_OK
         if rc == EXIT_PREEMPTED:
-            saved = self._saved_step(uri) if tail else None
+            saved = saved_step(uri) if tail else None
             reason = "preempted" if self.stopping or self.going_away() else "handed back"
             self.hand_back(msg, uri, {"outcome": reason, "exit_status": rc, "node": self._node_name(),
                                       "message_id": msg.id, "started": started, "ended": time.time(),
@@ -353,7 +353,7 @@ class Agent:
         if retry:
             self.hand_back(msg, uri, {"outcome": what, "exit_status": rc, "node": self._node_name(),
                                       "message_id": msg.id, "started": started, "ended": time.time(),
-                                      "step": self._saved_step(uri) if tail else None})
+                                      "step": saved_step(uri) if tail else None})
             log.error("job %s: %s with exit status %d (attempt %d); queued again: %s", job.job_id, what, rc,
                       attempt, why)
         else:
@@ -549,13 +549,7 @@ class Agent:
                                scratch=Path("/mnt/scratch").is_dir(),
                                container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
-            docker_env = {**os.environ, **secrets}
-            login = self.platform.registry_login(job.image)
-            config = None
-            if login is not None:  # the job's docker commands read the node's registry login from a private config
-                config = write_config_dir(job_dir / "docker", [login])
-                docker_env["DOCKER_CONFIG"] = str(config)
-                log.info("registry %s: logged in with the node's identity (DOCKER_CONFIG=%s)", login.host, config)
+            docker_env, config = login_env(self.platform, job.image, job_dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(argv))
             return ContainerRun(self._popen(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
         from trainer.jobs import bundle
@@ -635,14 +629,6 @@ class Agent:
         path = Path(metrics)
         tail.offset = path.stat().st_size if path.exists() else 0  # only this run's steps
         return tail.start()
-
-    def _saved_step(self, uri: str) -> int | None:
-        """The newest committed checkpoint's step (steps done after it are done again on resume)."""
-        from trainer.loop.checkpoint import Checkpointer
-        from trainer.loop.storage import open_store
-
-        saved = Checkpointer(open_store(uri), keep=1).steps()
-        return saved[0] if saved else None
 
 
 class GangAgent(Agent):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+log = logging.getLogger("gpufleet.registry")
 
 REFRESH_MARGIN_S = 900   # a cached login is renewed this long before it expires (ECR's last 12 h, ACR's 3 h)
 ACR_USER = "00000000-0000-0000-0000-000000000000"  # the user name an ACR refresh token logs in with
@@ -88,6 +91,18 @@ def write_config_dir(path: Path, logins: list[RegistryLogin]) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(docker_config(logins), f)
     return path
+
+
+def login_env(platform, image: str, job_dir: Path, env: dict[str, str]) -> tuple[dict[str, str], Path | None]:
+    """The docker commands' environment for a job's image: with DOCKER_CONFIG pointing at a private config in
+    ``job_dir`` that holds the node's registry login, when the platform has one for the image's registry
+    (the job never sees the node's identity, only this short-lived login). Returns (env, the config dir)."""
+    login = platform.registry_login(image)
+    if login is None:
+        return env, None
+    config = write_config_dir(job_dir / "docker", [login])
+    log.info("registry %s: logged in with the node's identity (DOCKER_CONFIG=%s)", login.host, config)
+    return {**env, "DOCKER_CONFIG": str(config)}, config
 
 
 class LoginCache:

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import records as rc
@@ -41,6 +41,7 @@ SYNC_EVERY_S = 1.0
 MIRROR_PREFIX = "slurm-"
 CANCEL_POLL_S = 2.0
 HEAL_EVERY_S = 5.0
+ACCOUNTING_EVERY_S = 30.0  # how often jobs gone from squeue are looked up in accounting
 HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays hidden this long
 
 
@@ -72,7 +73,8 @@ class Bridge:
         self.loaded = False
         self.cancelling: set[str] = set()     # Slurm job ids scancel was sent for
         self._cancelled: set[str] = set()
-        self._last_sync = self._last_cancel_poll = self._last_heal = 0.0
+        self.final: set[str] = set()          # Slurm job ids Slurm is done with (nothing more to read)
+        self._last_sync = self._last_cancel_poll = self._last_heal = self._last_accounting = 0.0
 
     # --- the loop ---------------------------------------------------------------------------------------------
 
@@ -212,18 +214,21 @@ class Bridge:
     # --- Slurm's state -> records ---------------------------------------------------------------------------
 
     def load_known(self) -> None:
-        """Slurm job ids of the records not finished (after a restart)."""
+        """Slurm job ids of the records (after a restart); those of finished records need no more reading."""
         for rec in self.records.all():
             sid = (rec.get("slurm") or {}).get("id")
             if sid:
                 self.known[sid] = rec["job_id"]
+                if rec["state"] in rc.TERMINAL:
+                    self.final.add(sid)
         self.loaded = True
 
     def sync(self) -> None:
         if not self.loaded:
             self.load_known()
         cancelled = self.cancels()
-        for j in self.slurm.jobs():
+        listed = self.slurm.jobs()
+        for j in listed:
             if j.array_job_id and j.array_task_id is None:
                 continue  # an array's members still pending together: their records say queued
             job_id = self.known.get(j.id)
@@ -231,19 +236,49 @@ class Bridge:
                 if j.comment.startswith(batch.COMMENT_PREFIX):
                     continue  # ours, its record not written yet (submit names it next)
                 job_id = self.mirror(j)
-            final = lifecycle(j.state, j.exit_code, j.restarts).final
+            final = lifecycle(j.state, j.exit_code, j.restarts, j.description).final
             if job_id in cancelled and not final and j.id not in self.cancelling:
                 log.info("job %s: cancel asked; scancel %s", job_id, j.id)
                 self.slurm.scancel(j.id)
                 self.cancelling.add(j.id)
-            state = (j.state, j.restarts, j.exit_code, j.nodes)
+            state = (j.state, j.restarts, j.exit_code, j.nodes, j.description)
             if self.seen.get(j.id) == state:
                 continue
-            try:
-                self.apply(job_id, j)
-            except UnknownJob:
-                log.warning("Slurm job %s: its record %s is gone", j.id, job_id)
+            self._apply(job_id, j, final)
             self.seen[j.id] = state
+        self.read_accounting({j.id for j in listed},
+                             {str(j.array_job_id) for j in listed if j.array_job_id and j.array_task_id is None})
+
+    def _apply(self, job_id: str, j: SlurmJob, final: bool) -> None:
+        try:
+            self.apply(job_id, j)
+        except UnknownJob:
+            log.warning("Slurm job %s: its record %s is gone", j.id, job_id)
+        if final:
+            self.final.add(j.id)
+
+    def read_accounting(self, listed: set[str], pending_arrays: set[str]) -> None:
+        """Jobs of unfinished records that squeue no longer lists (they ended while the bridge was away for
+        longer than MinJobAge): their end from accounting, every ACCOUNTING_EVERY_S. ``pending_arrays``: arrays
+        whose elements squeue lists as one line while they all wait."""
+        gone = [sid for sid in self.known
+                if sid not in listed and sid not in self.final and sid.partition("_")[0] not in pending_arrays]
+        if not gone or self.clock() - self._last_accounting < ACCOUNTING_EVERY_S:
+            return
+        self._last_accounting = self.clock()
+        try:
+            ended = self.slurm.finished(gone)
+        except SlurmError as exc:
+            log.warning("accounting: %s; jobs %s looked up again later", exc, ", ".join(gone))
+            return
+        for j in ended:
+            job_id = self.known[j.id]
+            run = ((self.records.get(job_id).get("attempts") or [{}])[-1].get("run") or "").partition("#")
+            restarts = int(run[2]) if run[0] == j.id and run[2].isdigit() else 0  # the attempt the record has
+            log.info("job %s: Slurm job %s ended while the bridge was away: %s (from accounting)", job_id, j.id,
+                     j.state)
+            self._apply(job_id, replace(j, restarts=restarts),
+                        lifecycle(j.state, j.exit_code, restarts).final)
 
     def cancels(self) -> set[str]:
         """Jobs whose record asks for a cancel (read from the records' index every CANCEL_POLL_S)."""
@@ -269,7 +304,7 @@ class Bridge:
         """Move the record to what Slurm says of its job: an attempt claimed when it ran, ended when it stopped."""
         if j.state == "COMPLETING":  # between runs: Slurm may count the requeue already; the next state tells
             return
-        out = lifecycle(j.state, j.exit_code, j.restarts)
+        out = lifecycle(j.state, j.exit_code, j.restarts, j.description)
         rec = self.records.get(job_id)
         slurm = rec.get("slurm") or {}
         if slurm.get("id") != j.id or rec["state"] in rc.TERMINAL:
@@ -280,6 +315,8 @@ class Bridge:
         ran = bool(j.nodes) and out.state not in ("queued", "preempted")
         if ran and not (last is not None and last.get("run") == run):
             rec = self._claim(job_id, j, int(slurm.get("first_attempt") or 1) + j.restarts, run)
+        if out.state == "queued" and rec["state"] == "queued" and rec.get("reason") != out.reason:
+            self.records.update(job_id, lambda r: {**r, "reason": out.reason} if r["state"] == "queued" else r)
         if out.state in ("running", "queued"):
             return
         if out.state == "preempted":
@@ -287,6 +324,14 @@ class Bridge:
                                 if r["state"] == "running" else r)
             return
         if out.state == "failed":
+            if j.state == "PENDING":  # held by Slurm after a failed launch
+                if (rec.get("spec") or {}).get("kind") == "sbatch":  # a user's own job: theirs to release
+                    self.records.update(job_id, lambda r: {**r, "reason": f"held by Slurm: {j.description}"}
+                                        if r["state"] not in rc.TERMINAL else r)
+                    return
+                self.slurm.scancel(j.id)
+                log.error("job %s: Slurm job %s could not be launched on its node (%s); cancelled", job_id, j.id,
+                          j.description)
             self._failed(job_id, rec, j, out.reason)
             return
         self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or not rc.allowed(r["state"], out.state)

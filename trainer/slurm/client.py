@@ -28,6 +28,7 @@ class SlurmJob:
     comment: str
     state: str
     reason: str
+    description: str        # Slurm's description of the state (e.g. "launch failed requeued held"), or ""
     exit_code: int | None   # the batch script's exit status (trainer.slurm.states.exit_status of Slurm's)
     restarts: int
     nodes: tuple[str, ...]
@@ -79,6 +80,7 @@ def _job(raw: dict) -> SlurmJob:
     return SlurmJob(
         id=job_id, array_job_id=array_job, array_task_id=task, name=raw.get("name") or "",
         comment=raw.get("comment") or "", state=raw.get("job_state") or "", reason=raw.get("state_reason") or "",
+        description=raw.get("state_description") or "",
         exit_code=exit_status(raw.get("exit_code")), restarts=int(raw.get("restart_cnt") or 0),
         nodes=tuple(hostnames(nodes)) if nodes else (), user=raw.get("user_name") or "",
         partition=raw.get("partition") or "", submit_time=_time(raw.get("submit_time")),
@@ -89,6 +91,53 @@ def jobs() -> list[SlurmJob]:
     """Every job slurmctld knows (pending, running, and finished within MinJobAge), array elements apart."""
     data = json.loads(_run(["squeue", "--json", "--all", "--states=all"]) or "{}")
     return [_job(j) for j in data.get("jobs", [])]
+
+
+def finished(ids: list[str]) -> list[SlurmJob]:
+    """Jobs that have left squeue (MinJobAge after they ended) as accounting has them: `sacct` through slurmdbd,
+    or `sacct -c` from the job completion file when the cluster has no slurmdbd (the file lists an array's
+    elements under job ids of their own, so those are not found there). The ids it does not know are left out."""
+    if not ids:
+        return []
+    argv = ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList,Start,End", "-j", ",".join(ids)]
+    if _accounting_storage() == "accounting_storage/none":
+        argv.insert(1, "-c")
+    found = []
+    for line in _run(argv).splitlines():
+        fields = line.split("|")
+        if len(fields) != 6 or fields[0] not in ids:
+            continue
+        job_id, state, exit_code, nodes, start, end = fields
+        status, _, signal = exit_code.partition(":")
+        code = 128 + int(signal) if signal.isdigit() and int(signal) else int(status) if status.isdigit() else None
+        array_job, _, task = job_id.partition("_")
+        found.append(SlurmJob(
+            id=job_id, array_job_id=int(array_job) if task else None, array_task_id=int(task) if task else None,
+            name="", comment="", state=state.split()[0] if state else "", reason="", description="",
+            exit_code=code, restarts=0, nodes=tuple(hostnames(nodes)) if nodes and nodes != "None assigned" else (),
+            user="", partition="", submit_time=None, start_time=_iso(start), end_time=_iso(end)))
+    return found
+
+
+def _iso(text: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:  # Unknown, None
+        return None
+
+
+_STORAGE: list[str] = []
+
+
+def _accounting_storage() -> str:
+    """AccountingStorageType of the cluster (read once)."""
+    if not _STORAGE:
+        out = _run(["scontrol", "show", "config"])
+        _STORAGE.append(next((ln.split("=", 1)[1].strip() for ln in out.splitlines()
+                              if ln.startswith("AccountingStorageType")), ""))
+    return _STORAGE[0]
 
 
 def scancel(job_id: str) -> None:
@@ -103,13 +152,15 @@ def update_node(name: str, **fields: str) -> None:
     _run(["scontrol", "update", f"nodename={name}", *(f"{k}={v}" for k, v in fields.items())])
 
 
+def node_fields(name: str) -> dict[str, str]:
+    """A node as slurmctld has it (`scontrol show node -o`): NodeAddr, Gres, AvailableFeatures, State, ..."""
+    out = _run(["scontrol", "show", "node", "-o", name])
+    return dict(word.partition("=")[::2] for word in out.split() if "=" in word)
+
+
 def node_addr(name: str) -> str:
     """The address Slurm has for a node (NodeAddr), its name when it has none."""
-    out = _run(["scontrol", "show", "node", "-o", name])
-    for word in out.split():
-        if word.startswith("NodeAddr="):
-            return word.partition("=")[2] or name
-    return name
+    return node_fields(name).get("NodeAddr") or name
 
 
 def jobs_on(node: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""`python -m trainer nodes resume|suspend|resume-fail|watch`: Slurm's power saving and a node's notice watcher.
+"""`python -m trainer nodes resume|suspend|resume-fail|watch|health`: Slurm's power saving, a node's notice watcher
+and its health check.
 
 slurmctld runs ``resume HOSTLIST`` (ResumeProgram) when jobs need powered-down nodes, ``suspend HOSTLIST``
 (SuspendProgram) when nodes have been idle for SuspendTime, and ``resume-fail HOSTLIST`` (ResumeFailProgram) for
@@ -9,6 +10,10 @@ This module implements the local provider: a node is a ``slurmd -N NAME`` proces
 ``watch NAME`` runs beside slurmd on a node: on a stop notice (a spot interruption from the node's metadata
 service) it drains the node, requeues its jobs (they get SIGTERM, checkpoint, exit and run again elsewhere from
 their checkpoint, a multi-node job whole) and powers the node down once they are gone (``POWER_DOWN_ASAP``).
+
+The watcher also runs ``health NAME`` when the node starts and every HEALTH_EVERY_S (it can be run by hand too):
+the node's preflight (GPUs, EFA and its NCCL plugin, the fabric manager) against its Slurm definition; a node
+that fails is drained and its jobs requeued.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ log = logging.getLogger("gpufleet.nodes")
 
 CONFIG = "/etc/gpufleet/nodes.json"
 STOP_WAIT_S = 10.0
+HEALTH_EVERY_S = 300.0
 
 
 class NodeProvider:
@@ -156,7 +162,9 @@ def provider(config: dict, path: str) -> NodeProvider:
 
 
 def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
-    """Until a stop notice comes: then drain this node, requeue its jobs, power it down when they are gone."""
+    """The node's health check when it starts and every ``health_every_s`` (config, default HEALTH_EVERY_S; 0:
+    never), and, until a stop notice comes: then drain this node, requeue its jobs, power it down when they are
+    gone."""
     from trainer.clouds import adapter
     from trainer.loop.stop import StopNotice
 
@@ -164,7 +172,15 @@ def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
     watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
+    every = float(config.get("health_every_s", HEALTH_EVERY_S))
+    checked = None
     while not notice.is_set() and not stop["asked"] and watcher.is_alive():
+        if every and (checked is None or time.monotonic() - checked >= every):
+            checked = time.monotonic()
+            try:
+                health(name)
+            except Exception as exc:  # slurmctld unreachable for a moment: the next round tries again
+                log.warning("node %s: health check not done (%s)", name, exc)
         time.sleep(0.1)
     if not notice.is_set():
         return 0
@@ -185,11 +201,42 @@ def on_notice(name: str, reason: str) -> list[str]:
     return jobs
 
 
+def expected_hardware(fields: dict[str, str]) -> dict:
+    """What a node must have, from its Slurm definition (the catalog's, through slurm.conf): its GPUs
+    (Gres=gpu:N) and, by feature, EFA and NVSwitch (the fabric manager). The preflight's row."""
+    gres = fields.get("Gres") or ""
+    gpus = next((int(g.split("(")[0].split(":")[-1]) for g in gres.split(",") if g.startswith("gpu:")), 0)
+    features = set((fields.get("AvailableFeatures") or "").split(","))
+    return {"gpus": gpus, "efa": 1 if "efa" in features else 0, "nvswitch": "nvswitch" in features}
+
+
+def health(name: str, probe=None) -> int:
+    """The node's health check (its watcher runs it when the node starts and every few minutes; Slurm's own
+    HealthCheckProgram hung powering-up nodes here, see trainer.slurm.conf): the preflight of this node against
+    its Slurm definition. A node that fails is drained, with the failed checks as the reason, and its jobs
+    requeued to run elsewhere; it stays drained until an operator resumes it (`scontrol update nodename=NAME
+    state=resume`). Exit 0 either way: the drain is the verdict."""
+    from trainer.node.preflight import HostProbe, check
+
+    findings = check(expected_hardware(client.node_fields(name)), probe or HostProbe())
+    failed = [f for f in findings if not f.ok]
+    if not failed:
+        log.info("node %s: health check passed (%s)", name, "; ".join(f"{f.check}: {f.detail}" for f in findings))
+        return 0
+    why = ("preflight: " + "; ".join(f"{f.check}: {f.detail}" for f in failed))[:200]
+    client.update_node(name, state="DRAIN", reason=why)
+    jobs = client.jobs_on(name)
+    for job in jobs:
+        client.requeue(job)
+    log.error("node %s: %s; drained, requeued %s", name, why, ", ".join(jobs) or "no job")
+    return 0
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer nodes", description="Slurm's power saving programs and a node's "
                        "notice watcher.")
-    p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch"))
-    p.add_argument("hostlist", help="Slurm's hostlist expression of the nodes (watch: this node's name)")
+    p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch", "health"))
+    p.add_argument("hostlist", help="Slurm's hostlist expression of the nodes (watch, health: this node's name)")
     p.add_argument("--config", default=os.environ.get("GPUFLEET_NODES_CONFIG", CONFIG),
                    help="the nodes config (provider and its settings)")
     return p
@@ -202,6 +249,8 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("SLURM_CONF", config["slurm_conf"])
     if args.action == "watch":
         return watch(args.hostlist, config)
+    if args.action == "health":
+        return health(args.hostlist)
     names = client.hostnames(args.hostlist)
     nodes = provider(config, args.config)
     {"resume": nodes.resume, "suspend": nodes.suspend, "resume-fail": nodes.resume_failed}[args.action](names)

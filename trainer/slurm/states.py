@@ -62,9 +62,18 @@ def exit_status(raw: int | None) -> int | None:
     return 128 + signal if signal else raw >> 8
 
 
-def lifecycle(state: str, exit_code: int | None = None, restarts: int = 0) -> Outcome:
+LAUNCH_FAILED = "launch failed requeued held"  # squeue's state_description of a job whose launch failed
+LAUNCH_FAILURE = Outcome("failed", "launch failure", True, counts=True)
+
+
+def lifecycle(state: str, exit_code: int | None = None, restarts: int = 0, description: str = "") -> Outcome:
     """What a Slurm job's state means for its record. ``exit_code``: the status the batch script exited with
-    (a plain number, see :func:`exit_status`); ``restarts``: Slurm's requeue count of the job.
+    (a plain number, see :func:`exit_status`); ``restarts``: Slurm's requeue count of the job; ``description``:
+    Slurm's description of its state (squeue's state_description).
+
+    A job whose batch script could not be launched on its node (slurmstepd failed) is requeued and held by
+    Slurm (PENDING, JobHeldUser, "launch failed requeued held"): it would wait forever, so it is a failure
+    (final: the bridge cancels the held job) that counts against retries.
 
     A job that waits again after Slurm requeued it (restarts > 0) is preempted, not queued: its attempt ended
     by a preemption and the next starts from its checkpoint. A job that ended with exit 75 checkpointed and is
@@ -74,6 +83,8 @@ def lifecycle(state: str, exit_code: int | None = None, restarts: int = 0) -> Ou
     outcome = TABLE.get(base)
     if outcome is None:
         raise ValueError(f"unknown Slurm job state {state!r}")
+    if base == "PENDING" and description.startswith(LAUNCH_FAILED):
+        return LAUNCH_FAILURE
     if exit_code == EXIT_REQUEUE and outcome.state in ("failed", "succeeded"):
         return Outcome("preempted", "preemption", False)
     if outcome.state == "queued" and restarts > 0:

@@ -36,6 +36,7 @@ log = logging.getLogger("gpufleet.task")
 PORT_BASE, PORT_SPAN = 20000, 20000
 EXIT_FAILED = 1
 RDZV_TIMEOUT_S = 600  # a gang's other nodes wait this long for node rank 0's store
+EMF_LOG = "/var/log/gpufleet/metrics.log"  # the CloudWatch agent ships /var/log/gpufleet/*.log
 
 
 def rdzv_port(slurm_job_id: int) -> int:
@@ -65,6 +66,32 @@ def trainer_args(job: Job, checkpoint_uri: str, metrics_path: str) -> tuple[list
         metrics = metrics_path
         args += ["--metrics-file", metrics]
     return args, uri, metrics
+
+
+def saved_step(uri: str) -> int | None:
+    """The newest committed checkpoint's step at ``uri`` (steps done after it are done again on resume)."""
+    from trainer.loop.checkpoint import Checkpointer
+    from trainer.loop.storage import open_store
+
+    saved = Checkpointer(open_store(uri), keep=1).steps()
+    return saved[0] if saved else None
+
+
+def open_emitter(path: str | None, node: dict, dimensions: dict[str, str]):
+    """The EMF emitter of this task, appending to ``path`` (the CloudWatch agent ships /var/log/gpufleet/*.log to
+    the stack's log group); None, with a warning, where the file cannot be written (the job runs without)."""
+    from trainer.node import metric_names
+    from trainer.node.emf import Emitter
+
+    if not path:
+        return None
+    try:
+        out = open(path, "a", buffering=1)
+    except OSError as exc:
+        log.warning("metrics: %s cannot be written (%s); the job runs without EMF metrics", path, exc.strerror)
+        return None
+    namespace = node.get("metric_namespace") or metric_names.namespace(node.get("stack", "default"))
+    return Emitter(namespace, out, dimensions)
 
 
 def trainer_command(args: list[str], nproc: int, nnodes: int, node_rank: int, rdzv: str, run_id: str) -> list[str]:
@@ -99,10 +126,12 @@ class Task:
     """One node's part of one attempt."""
 
     def __init__(self, job: Job, attempt: int, slurm: dict, bucket: str, gpus: int, work_dir: Path,
-                 node: dict | None = None):
+                 node: dict | None = None, emf_log: str | None = None, emf_interval_s: float = 60.0):
         self.job, self.attempt, self.slurm, self.bucket, self.gpus = job, attempt, slurm, bucket, gpus
         self.node = node or {}
         self.dir = work_dir / "jobs" / job.job_id
+        self.emf_log, self.emf_interval_s = emf_log, emf_interval_s
+        self.uri = default_checkpoint_uri(bucket, job.job_id)
         self.run: Running | None = None
         self.stop_asked = False
         self._lock = threading.Lock()
@@ -124,18 +153,16 @@ class Task:
         if run is not None:
             run.stop(stop_grace(self.node.get("cloud"), notice=True))
 
-    def start(self, output) -> Running:
-        from trainer.node.platform import open_platform
+    def start(self, platform, output) -> Running:
+        from trainer.node.registry import login_env
 
         job, slurm = self.job, self.slurm
         control = self.dir / "control"
         control.mkdir(parents=True, exist_ok=True)
         (control / STOP_FILE).unlink(missing_ok=True)
-        platform = open_platform(self.node)
         values = {k: v for k, v in job.env.items() if isinstance(v, str)}
         secrets = {k: platform.secret(*next(iter(v.items()))) for k, v in job.env.items() if not isinstance(v, str)}
         rdzv = self.rdzv()
-        uri = default_checkpoint_uri(self.bucket, job.job_id)
         popen = output.popen_kw() if output else {}
         import subprocess
 
@@ -146,9 +173,10 @@ class Task:
             return proc
 
         if job.kind == "trainer":
-            args, uri, self.metrics = trainer_args(job, uri, str(self.dir / f"metrics-{self.attempt}.jsonl"))
+            metrics = str(self.dir / f"metrics-{self.attempt}.jsonl")
+            args, self.uri, self.metrics = trainer_args(job, self.uri, metrics)
             nproc = self.gpus if job.gpus_per_node is None else min(job.gpus_per_node, self.gpus)
-            env = job_environment(job.job_id, self.attempt, uri, slurm["nnodes"], slurm["node_rank"],
+            env = job_environment(job.job_id, self.attempt, self.uri, slurm["nnodes"], slurm["node_rank"],
                                   max(1, nproc), rdzv, str(control / STOP_FILE), values)
             cmd = trainer_command(args, nproc, slurm["nnodes"], slurm["node_rank"], rdzv,
                                   f"{slurm['own_id']}-{slurm['restarts']}")
@@ -158,7 +186,7 @@ class Task:
         self.metrics = None
         gpus = self.gpus if job.gpus_per_node is None else min(job.gpus_per_node, self.gpus)
         inside = CONTROL_DIR if job.kind == "image" else str(control)
-        env = job_environment(job.job_id, self.attempt, uri, slurm["nnodes"], slurm["node_rank"], max(1, gpus),
+        env = job_environment(job.job_id, self.attempt, self.uri, slurm["nnodes"], slurm["node_rank"], max(1, gpus),
                               rdzv, f"{inside}/{STOP_FILE}", values)
         if job.kind == "image":
             facts = node_facts(self.node, None, self.gpus)
@@ -167,9 +195,9 @@ class Task:
                                stop_grace(self.node.get("cloud"), notice=True), tuple(secrets),
                                scratch=Path("/mnt/scratch").is_dir(),
                                container_env_file=Path("/etc/gpufleet/container.env").exists())
-            docker_env = {**os.environ, **secrets}
+            docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(argv))
-            return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env)
+            return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
         from trainer.jobs import bundle
 
         archive = bundle.fetch(job.code, self.dir.parent.parent / "bundles")
@@ -179,19 +207,25 @@ class Task:
         return ProcessGroupRun(spawn(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
 
     def __call__(self) -> int:
+        from trainer.node import metric_names
+        from trainer.node.emf import GpuSampler, MetricsTail
+        from trainer.node.platform import open_platform
         from trainer.node.tracking import Output, Tracking
 
         signal.signal(signal.SIGTERM, self.stop)
+        platform = open_platform(self.node)
         output = None
         try:
             output = Output(self.records, self.job.job_id, self.attempt, self.slurm["node"],
                             self.dir / f"output-{self.attempt}-{self.slurm['node']}.log")
         except Exception as exc:
             log.warning("job %s: its output will not be shipped (%s)", self.job.job_id, exc)
-        tracking = None
+        emitter = open_emitter(self.emf_log, self.node, platform.metric_dimensions())
+        watchers = []  # EMF: this node's GPU utilisation; rank 0 summarises the train run's metrics file
+        tail = None
         try:
             try:
-                run = self.start(output)
+                run = self.start(platform, output)
             except UsageError:
                 raise
             except Exception as exc:  # a bundle, secret or command that cannot be had or started: the job fails
@@ -200,17 +234,27 @@ class Task:
             self.run = run
             if self.stop_asked:
                 self.stop()
-            if self.slurm["node_rank"] == 0 and self.metrics:
-                tracking = Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
-                                    lambda: None).start()
+            rank0 = self.slurm["node_rank"] == 0
+            if emitter:
+                watchers.append(GpuSampler(emitter, self.emf_interval_s).start())
+                if rank0 and self.metrics:
+                    tail = MetricsTail(self.metrics, emitter, self.emf_interval_s).start()
+                    watchers.append(tail)
+            if rank0 and self.metrics:
+                watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
+                                         lambda: None).start())
             rc = run.wait()
         finally:
-            if tracking:
-                tracking.close()
+            for w in reversed(watchers):
+                w.close()
             if output:
                 output.close()
         if run.stop_requested and rc != EXIT_OK:
             log.warning("job %s: stopped (exit %d): requeued from its newest checkpoint", self.job.job_id, rc)
+            if emitter and tail:
+                saved = saved_step(self.uri)
+                lost = max(0, (tail.last_step or 0) - (saved or 0))
+                emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: float(lost)})
             return EXIT_PREEMPTED
         return 0 if rc == 0 else (rc if 0 < rc < 256 else EXIT_FAILED)
 
@@ -232,6 +276,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--spec", required=True, help="the job's spec and first attempt, base64 JSON")
     p.add_argument("--work-dir", default=os.environ.get("GPUFLEET_WORK_DIR", "/var/lib/gpufleet"),
                    help="where the job's files live on this node (default GPUFLEET_WORK_DIR)")
+    p.add_argument("--emf-log", default=os.environ.get("GPUFLEET_EMF_LOG", EMF_LOG),
+                   help="the EMF metrics file the CloudWatch agent ships (default GPUFLEET_EMF_LOG or %(default)s)")
     return p
 
 
@@ -249,4 +295,4 @@ def main(argv: list[str]) -> int:
     work_dir = Path(args.work_dir) / "nodes" / slurm["node"]
     log.info("job %s: attempt %d, node %s (rank %d of %d)", job.job_id, attempt, slurm["node"],
              slurm["node_rank"], slurm["nnodes"])
-    return Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node)()
+    return Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log)()

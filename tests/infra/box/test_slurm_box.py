@@ -76,10 +76,19 @@ def test_an_idle_box_holds_no_node_and_a_sweep_runs_as_one_job_array(box):
     assert "slurmd and its notice watcher started" in (box.dir / "slurm" / "log" / "power.log").read_text()
 
 
-def test_a_two_node_job_runs_on_both_nodes_and_ships_both_outputs(box):
+def test_a_two_node_job_runs_on_both_nodes_and_ships_both_outputs_and_its_metrics(box):
+    emf = box.dir / "slurm" / "log" / "metrics.log"  # GPUFLEET_EMF_LOG of the box's jobs
+    before = emf.stat().st_size if emf.exists() else 0
     (job_id,) = box.submit("--job-id", "pair", "--nodes", "2", "--", *TINY, "--steps", "4")
     rec = box.wait_state(job_id, "succeeded", "failed")
     assert rec["state"] == "succeeded", rec
+    with emf.open("rb") as f:
+        f.seek(before)
+        docs = [json.loads(line) for line in f.read().splitlines()]
+    summaries = [d for d in docs if "Steps" in d]  # EMF summaries of the train run, by rank 0 only
+    assert sum(d["Steps"] for d in summaries) == 4 and all(d["StepTime"] > 0 for d in summaries)
+    assert {m["Name"] for d in summaries for m in d["_aws"]["CloudWatchMetrics"][0]["Metrics"]} >= {"Steps",
+                                                                                                   "StepTime"}
     assert sorted(rec["attempts"][0]["nodes"]) == ["gpu-1", "gpu-2"]
     store = box.records().store
     assert {node for node, _ in logs.read(store, job_id, 1)} == {"gpu-1", "gpu-2"}
@@ -152,6 +161,46 @@ def test_a_bad_message_is_dead_lettered_at_once_with_one_line_in_its_record(box)
                    "the dead letter")
     assert json.loads(got[0]["Body"])["job_id"] == "bad-one"
     assert "slurm" not in box.record("bad-one")
+
+
+def test_a_job_that_ended_while_the_bridge_was_stopped_is_read_from_accounting(box):
+    (job_id,) = box.submit("--job-id", "while-away", "--", *TINY, "--steps", "2")
+    sid = box.wait_state(job_id, "running")["slurm"]["id"]
+    (bridge,) = [pid for pid in box.processes()
+                 if b"trainer\0controller" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(bridge, signal.SIGSTOP)  # away: it reads nothing of Slurm while the job ends and leaves squeue
+    try:
+        wait_for(lambda: sid not in box.slurm("squeue", "-h", "--states=all", "-o", "%i").split(), 300,
+                 f"Slurm job {sid} gone from squeue (MinJobAge)")
+    finally:
+        os.kill(bridge, signal.SIGCONT)
+    rec = box.wait_state(job_id, "succeeded", "failed", timeout_s=120)
+    assert rec["state"] == "succeeded" and rec["attempts"][-1]["exit_status"] == 0, rec
+    assert f"Slurm job {sid} ended while the bridge was away: COMPLETED (from accounting)" in \
+        (box.dir / "slurm" / "log" / "bridge.out").read_text()
+
+
+def test_a_node_failing_its_health_check_when_it_starts_is_drained(box):
+    # gpu-2's Slurm definition says EFA, which this machine lacks: its watcher's preflight drains it at start
+    node_state = lambda: box.slurm("sinfo", "-h", "-n", "gpu-2", "-o", "%T").strip()  # noqa: E731
+    wait_for(lambda: node_state() in ("idle", "idle~"), 120, "gpu-2 idle")
+    if node_state() == "idle":
+        box.slurm("scontrol", "update", "nodename=gpu-2", "state=POWER_DOWN_FORCE")
+        wait_for(lambda: node_state() == "idle~", 120, "gpu-2 powered down")
+    box.slurm("scontrol", "update", "nodename=gpu-2", "availablefeatures=g6.xlarge,spot,efa",
+              "activefeatures=g6.xlarge,spot,efa")
+    job = box.slurm("sbatch", "--parsable", "-w", "gpu-2", "-o", "/dev/null", "--wrap", "sleep 30").strip()
+    try:
+        wait_for(lambda: node_state().startswith("drain"), 120, "gpu-2 drained")
+        reason = box.slurm("sinfo", "-h", "-n", "gpu-2", "-o", "%E").strip()
+        assert reason.startswith("preflight: efa: 0 EFA devices found, 1 expected"), reason
+        assert "node gpu-2: preflight: efa" in (box.dir / "slurm" / "log" / "watch-gpu-2.log").read_text()
+    finally:
+        box.slurm("scancel", job)
+        box.slurm("scontrol", "update", "nodename=gpu-2", "availablefeatures=g6.xlarge,spot",
+                  "activefeatures=g6.xlarge,spot")
+        box.slurm("scontrol", "update", "nodename=gpu-2", "state=RESUME", check=False)
+    wait_for(lambda: not node_state().startswith("drain"), 60, "gpu-2 back in service")
 
 
 def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(box, tmp_path):

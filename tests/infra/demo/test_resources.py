@@ -1,5 +1,5 @@
 """What the demo creates, from the dev stack's real preview: the requests (pure), then the same created
-in moto server by the demo's Cluster and read back."""
+in moto server by the box's Account and read back."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,7 @@ import json
 import pytest
 
 from infra.demo import resources as rs
-from infra.demo.cluster import Cluster, node_settings, preview_document
-from trainer.node import node_schema
+from infra.demo.account import Account, preview_document
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +59,6 @@ def test_queue_requests_carry_redrive_encryption_and_policies(res):
     assert json.loads(dlq_extra["RedriveAllowPolicy"])["sourceQueueArns"] == [res.jobs.mock_arn]
 
 
-def test_group_request_keeps_the_previewed_group(res):
-    g = rs.group_request(res, "subnet-1", "lt-demo", 2)
-    assert (g["AutoScalingGroupName"], g["MinSize"], g["MaxSize"], g["DesiredCapacity"]) == (res.group_name, 0, 4, 2)
-    assert [o["InstanceType"] for o in g["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"]] == res.instance_types
-    assert g["MixedInstancesPolicy"]["InstancesDistribution"] == {
-        "OnDemandPercentageAboveBaseCapacity": 0, "SpotAllocationStrategy": "price-capacity-optimized",
-        "OnDemandBaseCapacity": 0}
-    assert g["CapacityRebalance"] is True
-    assert {"Key": "gpufleet-stack", "Value": "dev", "PropagateAtLaunch": True} in g["Tags"]
-
-
 def test_substitute_replaces_whole_arns_before_ids_inside_json():
     mapping = {"k-1": "real-1", "arn:aws:kms:r:1:key/k-1": "arn:aws:kms:r:2:key/real-1"}
     value = {"a": ["arn:aws:kms:r:1:key/k-1", json.dumps({"Key": "k-1"})], "n": 3}
@@ -99,19 +87,13 @@ def test_other_stacks_are_refused_in_one_line(doc):
         rs.stack_resources({**doc, "resources": [r for r in doc["resources"] if r["type"] != rs.BUCKET]})
 
 
-def test_node_settings_are_what_user_data_writes(res):
-    node = node_settings(res, "http://127.0.0.1:1/123456789012/q")
-    assert node_schema.check(node, complete=True) == node  # the contract's keys, hooks null: moto cannot complete them
-    assert (node["bucket"], node["asg_name"], node["cloud"]) == (res.bucket_name, res.group_name, "aws")
-
-
-def test_the_cluster_creates_them_in_moto(doc, res, tmp_path):
-    cluster = Cluster("dev", tmp_path / "demo")
+def test_the_account_creates_them_in_moto(doc, res, tmp_path):
+    account = Account("dev", tmp_path / "demo")
     (tmp_path / "demo").mkdir()
     try:
-        cluster.start(doc)
-        cluster.provision()
-        kms, s3, sqs = cluster.client("kms"), cluster.client("s3"), cluster.client("sqs")
+        account.start(doc)
+        account.provision()
+        kms, s3, sqs = account.client("kms"), account.client("s3"), account.client("sqs")
         key = kms.describe_key(KeyId=res.alias)["KeyMetadata"]
         assert key["KeyId"] != res.key["id"] and key["Description"] == res.key["inputs"]["description"]
         assert kms.get_key_rotation_status(KeyId=key["KeyId"])["KeyRotationEnabled"]
@@ -121,19 +103,13 @@ def test_the_cluster_creates_them_in_moto(doc, res, tmp_path):
         assert rule["ApplyServerSideEncryptionByDefault"]["KMSMasterKeyID"] == key["Arn"]  # moto's key, not the mock
         assert s3.get_bucket_versioning(Bucket=res.bucket_name)["Status"] == "Enabled"
         assert all(s3.get_public_access_block(Bucket=res.bucket_name)["PublicAccessBlockConfiguration"].values())
-        attrs = sqs.get_queue_attributes(QueueUrl=cluster.queue_url, AttributeNames=["All"])["Attributes"]
-        dlq_arn = sqs.get_queue_attributes(QueueUrl=cluster.dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        attrs = sqs.get_queue_attributes(QueueUrl=account.queue_url, AttributeNames=["All"])["Attributes"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=account.dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         assert json.loads(attrs["RedrivePolicy"]) == {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 3}
         assert attrs["KmsMasterKeyId"] == key["Arn"] and attrs["VisibilityTimeout"] == "900"
         assert json.loads(attrs["Policy"])["Statement"][0]["Sid"] == "DenyInsecureTransport"
-        assert cluster.queue_url.endswith("/" + res.jobs.name)
-        assert any("bucket policy not attached" in n for n in cluster.notes)
-        instances = cluster.start_group(2)
-        assert len(instances) == 2 and {t for _, t, _ in instances} == {res.instance_types[0]}
-        group = cluster.client("autoscaling").describe_auto_scaling_groups(
-            AutoScalingGroupNames=[res.group_name])["AutoScalingGroups"][0]
-        assert group["MaxSize"] == res.group["inputs"]["maxSize"] and group["DesiredCapacity"] == 2
-        assert {t["Key"] for t in group["Tags"]} >= {"gpufleet-stack", "data-classification"}
+        assert account.queue_url.endswith("/" + res.jobs.name)
+        assert any("bucket policy not attached" in n for n in account.notes)
     finally:
-        cluster.close()
+        account.close()
     assert not (tmp_path / "demo").exists()

@@ -207,13 +207,9 @@ def test_scheduler_parameters_default_and_fast():
         "bf_interval=2,sched_interval=2,sched_min_interval=100000")
 
 
-def test_health_check_only_with_its_program():
+def test_no_health_check_program():  # it hung powering-up nodes here; the node's watcher runs the preflight
     assert not {"HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState"} & set(
         settings(render_slurm_conf(queue_cluster())))
-    conf = settings(render_slurm_conf(queue_cluster(programs={**PROGRAMS, "health_check": "/opt/hc"},
-                                                    health_check_interval_s=60)))
-    assert (conf["HealthCheckProgram"], conf["HealthCheckInterval"], conf["HealthCheckNodeState"]) == (
-        "/opt/hc", "60", "ANY")
 
 
 def test_text_ends_with_one_newline_and_has_no_empty_settings():

@@ -86,6 +86,13 @@ def test_pending_without_restarts_is_queued():
     assert as_tuple(lifecycle("PENDING", restarts=0)) == ("queued", None, False, False)
 
 
+def test_a_job_held_after_its_launch_failed_is_a_counted_failure():
+    # what squeue --json said of a job whose slurmstepd could not start (restart_cnt 1, JobHeldUser)
+    assert as_tuple(lifecycle("PENDING", exit_code=0, restarts=1, description="launch failed requeued held")) == \
+        ("failed", "launch failure", True, True)
+    assert lifecycle("PENDING", restarts=1, description="held by a user") == PREEMPTION  # a user's hold: waits
+
+
 def test_configuring_after_a_requeue_is_preempted():
     assert lifecycle("CONFIGURING", restarts=1) == PREEMPTION
 
