@@ -342,7 +342,7 @@ def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) ->
                 why = (rec.get("attempts") or [{}])[-1].get("reason") or rec.get("reason") or "no reason given"
                 raise DemoFailure(f"job {r.job} {r.state}: {why}")
         if notice is None:
-            target = pg.victim(table, sum(1 for s in nodes.values() if s == "idle"))
+            target = pg.victim(table, sum(1 for s in nodes.values() if s.startswith("idle")))  # ~ # * too
             if target:
                 from infra.box.cli import send_notice
 

@@ -131,9 +131,9 @@ def rows(jobs: list[str], files: dict[str, list[tuple[str, list[dict]]]], total:
 
 
 def victim(table: list[Row], idle_nodes: int, min_left_s: float = MIN_LEFT_S) -> Row | None:
-    """The job to interrupt now, or None: the one job still running, on one node, while no job waits and a
-    powered-up node is idle (so that it takes the job over at once), with steps done and ``min_left_s`` of
-    training left at its recent step time."""
+    """The job to interrupt now, or None: the one job still running, on one node, while no job waits and another
+    node is idle (``idle_nodes``: Slurm's idle, powered up or not, answering or not: Slurm runs the requeued job
+    there once it can), with steps done and ``min_left_s`` of training left at its recent step time."""
     running = [r for r in table if r.state == "running"]
     waiting = [r for r in table if r.state in ("waiting", "nodes powering up")]
     if waiting or idle_nodes < 1 or len(running) != 1:
