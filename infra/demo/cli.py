@@ -254,12 +254,6 @@ class Box:
             found.append((int(attempt) if attempt.isdigit() else 0, path.parents[2].name, read_metrics(path)))
         return [(node, recs) for _, node, recs in sorted(found)]
 
-    def nodes(self) -> dict[str, str]:
-        """Each node's Slurm state (sinfo's: idle~ is powered down, # powering up, % powering down)."""
-        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True, text=True,
-                              timeout=30)
-        return dict(line.split(None, 1) for line in done.stdout.splitlines() if " " in line)
-
 
 def run(args: argparse.Namespace, display: Display) -> pg.Summary:
     from infra.box import cli as box_cli
@@ -278,6 +272,7 @@ def run(args: argparse.Namespace, display: Display) -> pg.Summary:
         display.say(f"preview: {len(doc['resources'])} resources, {levels.count('mandatory')} mandatory and "
                     f"{len(levels) - levels.count('mandatory')} advisory policy findings")
         state = box_cli.start(box_dir, NODES, 0, args.stack)
+        os.environ["SLURM_CONF"] = state["slurm_conf"]  # trainer.slurm.client's commands reach the box
         box = Box(box_dir, state)
         display.say(f"box up in {box_dir}: moto at {state['endpoint']} stands in for the account, slurmctld on "
                     f"port {state['slurmctld_port']}, CLOUD nodes {', '.join(state['nodes'])} powered down")
@@ -321,6 +316,8 @@ def wait_for_slurm(box: Box, job: str, timeout_s: float) -> None:
 def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) -> tuple[pg.Summary, dict]:
     """Watch the jobs, send the spot notice to the node of the job left running alone, until every job is
     done. Returns the summary and the jobs' records."""
+    from trainer.slurm import client
+
     deadline = time.monotonic() + args.timeout
     notice: pg.Notice | None = None
     seen: dict[str, str] = {}
@@ -331,7 +328,7 @@ def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) ->
         files = {job: box.metrics(job) for job in jobs}
         if time.monotonic() - last_ckpt_read > 1.0:
             checkpoints, last_ckpt_read = box.checkpoints(jobs), time.monotonic()
-        nodes = box.nodes()
+        nodes = client.node_states()  # sinfo's: idle~ powered down, # powering up, * not responding
         table = pg.rows(jobs, files, args.steps, checkpoints, records, notice)
         for r in table:
             if seen.get(r.job) != r.state:
