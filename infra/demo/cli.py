@@ -37,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default="dev", help="stack whose preview gives the resources and prices")
     p.add_argument("--jobs", type=_positive, default=3,
                    help="jobs in the sweep (one learning rate each): odd, >= 3, so the last runs alone")
-    p.add_argument("--steps", type=_positive, default=150, help="optimizer steps per job (about 0.1 s each), >= 20")
+    p.add_argument("--steps", type=_positive, default=300, help="optimizer steps per job (about 0.1 s each), >= 20")
     p.add_argument("--work-dir", metavar="DIR", help="use (and keep) this directory instead of a temporary one")
     p.add_argument("--keep-dir", action="store_true", help="keep the temporary directory (Slurm's logs, metrics)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary here as JSON")

@@ -20,7 +20,8 @@ from infra.demo.cli import Display, UsageError, job_table, parse_args, summary_t
 from infra.demo.account import descendants
 
 ROOT = Path(__file__).resolve().parents[3]
-SMALL = ["--jobs", "3", "--steps", "100", "--timeout", "900"]  # about 30 s of training per job here
+SMALL = ["--jobs", "3", "--steps", "200", "--timeout", "900"]  # 15-60 s of training per job here: the last job
+# of the sweep runs alone for long enough (MIN_LEFT_S) however fast the machine is
 
 
 def demo(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
@@ -37,7 +38,7 @@ def test_arguments(tmp_path):
     with pytest.raises(UsageError, match="--work-dir: .* is not empty"):
         parse_args(["--work-dir", str(tmp_path / "old")])
     args = parse_args([])
-    assert (args.stack, args.jobs, args.steps) == ("dev", 3, 150)
+    assert (args.stack, args.jobs, args.steps) == ("dev", 3, 300)
     for even_or_few in ("2", "4", "1"):
         with pytest.raises(UsageError, match=f"--jobs: {even_or_few} is not allowed; expected an odd number >= 3"):
             parse_args(["--jobs", even_or_few])
