@@ -56,7 +56,7 @@ source "amazon-ebs" "gpu" {
   subnet_id       = var.aws_subnet_id
   ssh_username    = "ubuntu"
   ami_name        = local.image_name
-  ami_description = "gpufleet GPU node ${local.v.image_version}: NVIDIA ${local.v.nvidia_driver.version}, CUDA ${local.v.cuda.version}, EFA ${local.v.efa_installer.version}"
+  ami_description = "gpufleet GPU node ${local.v.image_version}: NVIDIA ${local.v.nvidia_driver.version}, CUDA ${local.v.cuda.version}, EFA ${local.v.efa_installer.version}, Slurm ${local.v.slurm.version}"
   ami_regions     = var.aws_copy_regions
   ena_support     = true
   encrypt_boot    = true

@@ -74,5 +74,17 @@ source "azure-arm" "gpu" {
     replication_regions = var.azure_replication_regions
   }
 
-  azure_tags = merge(local.image_tags, { "gpufleet:base-image" = "${local.v.azure_hpc_base.offer}:${local.v.azure_hpc_base.sku}:${var.azure_base_image_version}" })
+  azure_tags = local.azure_image_tags
+}
+
+locals {
+  # Azure tags the versions this build installs: the HPC base image ships the driver, CUDA, NCCL and the rest
+  # (recorded as the base image), and EFA, the CloudWatch agent and efs-utils are AWS's. A managed image takes 15 tags.
+  azure_not_installed = concat(local.v.azure_hpc_base.ships, ["efa_installer", "aws_ofi_nccl", "cloudwatch_agent", "efs_utils"])
+  azure_image_tags = merge(
+    var.tags,
+    { for name, component in local.v : "gpufleet:${name}" => component.version if can(component.version) && ! contains(local.azure_not_installed, name) },
+    { "gpufleet:image-version" = local.v.image_version, "gpufleet:ubuntu" = local.v.ubuntu.release, Name = local.image_name },
+    { "gpufleet:base-image" = "${local.v.azure_hpc_base.offer}:${local.v.azure_hpc_base.sku}:${var.azure_base_image_version}" }
+  )
 }

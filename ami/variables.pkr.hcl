@@ -15,9 +15,11 @@ locals {
   cloud = { "amazon-ebs" = "aws", "azure-arm" = "azure", "tencentcloud-cvm" = "tencent" }
   # Provisioning order; "reboot" restarts the build machine between steps.
   steps_before_reboot = ["00-base.sh"]
+  # A script of one cloud's component skips itself on the others (GPUFLEET_CLOUD): 20-efa.sh, 22-aws-ofi-nccl.sh,
+  # 31-cloudwatch-agent.sh and 32-efs-utils.sh install on AWS only, 34-aznfs.sh on Azure only; 33-nfs-common.sh on all.
   steps = ["01-kernel-hold.sh", "10-nvidia-driver.sh", "11-fabric-manager.sh", "12-cuda.sh", "20-efa.sh",
-    "21-nccl.sh", "22-aws-ofi-nccl.sh", "30-dcgm.sh", "31-cloudwatch-agent.sh", "40-docker.sh", "50-trainer.sh",
-  "60-nccl-env.sh"]
+    "21-nccl.sh", "22-aws-ofi-nccl.sh", "30-dcgm.sh", "31-cloudwatch-agent.sh", "32-efs-utils.sh",
+  "33-nfs-common.sh", "34-aznfs.sh", "40-docker.sh", "45-slurm.sh", "50-trainer.sh", "60-nccl-env.sh"]
   steps_after_reboot = ["99-validate.sh"]
 }
 

@@ -9,6 +9,10 @@ moto) in a temporary directory. Every job goes in as `gpufleet jobs submit` send
   is up and idle: from the notice to the job running again there (Slurm's restart count 1), median of ROUNDS
   (with every other node powered down, a power-up as above is added). Slurm's default cred_expire (120 s) would
   hold the requeued job for about 150 s; the box renders 10 s (target <= 20 s).
+- slurm_cancel_to_cancelled_s: a running built-in trainer job (running in Slurm and in its record) cancelled as
+  `gpufleet jobs cancel` does (its record's cancel_requested): from that write to the record cancelled (the
+  bridge's scancel, the job's SIGTERM and exit, the bridge reading Slurm's CANCELLED), median of ROUNDS (target:
+  the box's KillWait, 30 s, + 5 s).
 - slurm_jobs_list_s: `gpufleet jobs list`'s read of 1,000 records that name their Slurm jobs, as the bridge writes
   them, through the records' index (target <= 2 s).
 """
@@ -64,6 +68,7 @@ def _submit_to_running(rs, queue, env: dict, job) -> float:
 
 def run() -> dict[str, dict]:
     from trainer.clouds.aws import SqsJobQueue
+    from trainer.jobs import records
     from trainer.jobs.commands import box_target
     from trainer.jobs.records import new_record
     from trainer.jobs.spec import Job
@@ -104,6 +109,15 @@ def run() -> dict[str, dict]:
             _wait(lambda: _restarts(sid, env) >= 1 and _state(sid, env)[0] == "RUNNING", 180, "running again")
             requeues.append(time.perf_counter() - started)
             subprocess.run(["scancel", sid], env=env, check=True)
+        cancels = []
+        for i in range(ROUNDS):
+            job = Job(f"cancel-{i}", args=TINY[:-1] + ("100000",))
+            _submit_to_running(rs, queue, env, job)
+            _wait(lambda: rs.get(job.job_id)["state"] == "running", 60, f"{job.job_id} running in its record")
+            started = time.perf_counter()
+            rs.update(job.job_id, lambda r: records.cancel(r, time.time())[0])  # what `gpufleet jobs cancel` writes
+            _wait(lambda: rs.get(job.job_id)["state"] == "cancelled", 120, f"{job.job_id} cancelled")
+            cancels.append(time.perf_counter() - started)
         def bridged(i: int) -> dict:  # a record as the bridge leaves it once its job is in Slurm
             return {**new_record(Job(f"list-{i:04d}", args=TINY).to_dict(), time.time()),
                     "slurm": {"id": str(10000 + i), "key": f"m-{i}", "message": f"m-{i}", "first_attempt": 1,
@@ -126,5 +140,6 @@ def run() -> dict[str, dict]:
         "slurm_power_up_s": {"value": power_up, "unit": "s", "target": ""},
         "slurm_submit_to_running_s": {"value": statistics.median(submits), "unit": "s", "target": "<= 3"},
         "slurm_requeue_to_running_s": {"value": statistics.median(requeues), "unit": "s", "target": "<= 20"},
+        "slurm_cancel_to_cancelled_s": {"value": statistics.median(cancels), "unit": "s", "target": "<= 35"},
         "slurm_jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
     }

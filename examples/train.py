@@ -6,7 +6,7 @@
 
 The only cluster-specific lines use `trainer.jobs.api`: where the checkpoints go, whether to stop, and the
 commit-protocol checkpointer. Stopped (a spot notice reaches the job as SIGTERM and the stop file), it saves
-the step it is at and exits 75; the agent requeues it and the next attempt resumes at the following step.
+the step it is at and exits 75; Slurm requeues it and the next attempt resumes at the following step.
 The data of step s is drawn from a generator seeded with s, so a resumed run sees what it would have seen.
 """
 from __future__ import annotations

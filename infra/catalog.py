@@ -124,6 +124,36 @@ _ROWS = [
 CATALOG: dict[str, InstanceType] = {row.name: row for row in _ROWS}
 
 
+@dataclass(frozen=True)
+class ControllerType:
+    """A size for the stack's Slurm controller (slurmctld, the bridge, power saving): always on, on demand."""
+    name: str
+    cloud: str
+    vcpus: int
+    memory_gib: int
+    price_hour: float          # on-demand, in CURRENCY[cloud], PRICE_REGION[cloud], PRICE_DATE
+
+
+# slurmctld for a few hundred nodes, the bridge and the power-saving programs fit in 2 vCPUs and 8 GiB (the first
+# size of each cloud is its default); larger sizes for large queues. Tencent's prices were entered by hand, as its
+# GPU rows were: check them against the CVM price list before relying on them.
+CONTROLLER_TYPES: dict[str, ControllerType] = {c.name: c for c in (
+    ControllerType("m6i.large", "aws", 2, 8, 0.096),
+    ControllerType("m6i.xlarge", "aws", 4, 16, 0.192),
+    ControllerType("m6i.2xlarge", "aws", 8, 32, 0.384),
+    ControllerType("Standard_D2s_v5", "azure", 2, 8, 0.096),
+    ControllerType("Standard_D4s_v5", "azure", 4, 16, 0.192),
+    ControllerType("Standard_D8s_v5", "azure", 8, 32, 0.384),
+    ControllerType("S5.LARGE8", "tencent", 4, 8, 0.85),
+    ControllerType("S5.2XLARGE16", "tencent", 8, 16, 1.70),
+)}
+
+
+def controller_types(cloud: str) -> list[str]:
+    """The controller sizes of ``cloud``, its default first."""
+    return [n for n, c in CONTROLLER_TYPES.items() if c.cloud == cloud]
+
+
 def names(cloud: str | None = None) -> list[str]:
     return [n for n, t in CATALOG.items() if cloud is None or t.cloud == cloud]
 

@@ -20,7 +20,11 @@ from infra import catalog, regions
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
         "tags", "budgetMonthlyUsd", "budgetMonthlyCny", "image", "network", "onDemandBase", "alertEmails", "alerts",
-        "sshPublicKey", "pullThrough")
+        "sshPublicKey", "pullThrough", "partitions", "controller")
+# The keys one partition is made of when `partitions` is not given (today's single node group).
+SINGLE_GROUP_KEYS = ("mode", "instanceTypes", "nodes", "spot", "onDemandBase")
+PARTITION_NAME = re.compile(r"^[a-z][a-z0-9]{0,14}$")  # Slurm node names are <partition>-<n>
+DEFAULT_PARTITION = "gpu"
 REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location", "tencent": "tencentcloud:region"}
 # The budget key of each cloud: its amount is in the currency of the cloud's catalog prices.
 BUDGET_KEY = {"USD": "budgetMonthlyUsd", "CNY": "budgetMonthlyCny"}
@@ -36,8 +40,9 @@ CLASSIFICATION_TAG = "data-classification"
 # cross-border transfers). Tencent Cloud's mainland regions, financial-zone regions included.
 MAINLAND_CHINA_REGIONS = ("ap-beijing", "ap-shanghai", "ap-guangzhou", "ap-chengdu", "ap-chongqing",
                           "ap-nanjing", "ap-shenzhen-fsi", "ap-shanghai-fsi", "ap-beijing-fsi")
-# A Uniform scale set in a single placement group (one InfiniBand domain) holds at most 100 VMs.
-AZURE_SCALE_SET_MAX = 100
+# A multi-node gang partition's VMs share InfiniBand in one availability set (Flexible scale sets have none), which
+# holds at most 200 VMs and takes no spot VMs.
+AZURE_AVAILABILITY_SET_MAX = 200
 _SECRET = "[secret]"
 
 
@@ -66,7 +71,38 @@ class _Frozen(BaseModel):
 class Nodes(_Frozen):
     min: StrictInt = Field(ge=0)
     max: StrictInt = Field(ge=0, le=1000)
-    desired: StrictInt = Field(ge=0)
+    desired: Optional[StrictInt] = Field(default=None, ge=0)  # read before Slurm; power saving sizes the cluster now
+
+
+class PartitionNodes(_Frozen):
+    min: StrictInt = Field(default=0, ge=0)   # the first `min` nodes never power down
+    max: StrictInt = Field(ge=1, le=1000)
+
+
+class Partition(_Frozen):
+    """One Slurm partition: a node group of one shape, CLOUD nodes ``<name>-1..<name>-<nodes.max>`` powered up
+    when jobs need them. ``gang``: its nodes talk to each other over EFA / InfiniBand in one placement group, and
+    a multi-node job's nodes start all together or not at all."""
+    name: str = Field(min_length=1, max_length=15)
+    instance_types: tuple[str, ...] = Field(alias="instanceTypes", min_length=1)
+    nodes: PartitionNodes
+    spot: StrictBool = False
+    on_demand_base: StrictInt = Field(default=0, ge=0, alias="onDemandBase")
+    gang: StrictBool = False
+
+    @property
+    def primary(self) -> catalog.InstanceType:
+        """The partition's node shape: its first instance type (Slurm's CPUs, memory and GPUs of its nodes)."""
+        return catalog.CATALOG[self.instance_types[0]]
+
+    @property
+    def multi_node(self) -> bool:
+        """Nodes that talk to each other: a gang partition of more than one node."""
+        return self.gang and self.nodes.max > 1
+
+
+class Controller(_Frozen):
+    instance_type: Optional[str] = Field(default=None, alias="instanceType")
 
 
 class AwsImage(_Frozen):
@@ -180,9 +216,9 @@ class StackConfig(_Frozen):
     stack: str
     cloud: Literal["aws", "azure", "tencent"]
     region: str
-    mode: Literal["queue", "gang"]
-    instance_types: tuple[str, ...] = Field(alias="instanceTypes", min_length=1)
-    nodes: Nodes
+    mode: Optional[Literal["queue", "gang"]] = None
+    instance_types: Optional[tuple[str, ...]] = Field(default=None, alias="instanceTypes", min_length=1)
+    nodes: Optional[Nodes] = None
     spot: StrictBool = False
     data_classification: Literal["public", "internal", "personal", "phi"] = Field(alias="dataClassification")
     allowed_regions: tuple[str, ...] = Field(default=(), alias="allowedRegions")
@@ -196,34 +232,13 @@ class StackConfig(_Frozen):
     alerts: tuple[Alert, ...] = ()
     ssh_public_key: Optional[str] = Field(default=None, alias="sshPublicKey")
     pull_through: Any = Field(default=(), alias="pullThrough")
+    partitions: Any = ()
+    controller: Any = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "StackConfig":
-        n = self.nodes
-        if not n.min <= n.desired <= n.max:
-            raise ConfigError("gpufleet:nodes", n.model_dump(), "needs 0 <= min <= desired <= max")
-        if n.max == 0:
-            raise ConfigError("gpufleet:nodes", n.model_dump(), "max must be at least 1")
-        for name in self.instance_types:
-            row = catalog.CATALOG.get(name)
-            if row is None or row.cloud != self.cloud:
-                raise ConfigError("gpufleet:instanceTypes", name,
-                                  f"allowed for {self.cloud}: {', '.join(catalog.names(self.cloud))}")
-        if len(set(self.instance_types)) != len(self.instance_types):
-            raise ConfigError("gpufleet:instanceTypes", list(self.instance_types), "each type at most once")
-        primary = self.primary
-        if self.mode == "gang":
-            if n.max > 1 and not primary.rdma and self.cloud != "tencent":  # Tencent: NCCL over TCP
-                fabric = "EFA" if self.cloud == "aws" else "InfiniBand"
-                raise ConfigError("gpufleet:instanceTypes", primary.name,
-                                  f"gang mode with more than one node needs an {fabric} type")
-            if len(self.instance_types) > 1 and n.max > 1:
-                raise ConfigError("gpufleet:instanceTypes", list(self.instance_types),
-                                  "gang mode uses one instance type (NCCL needs identical nodes)")
-            if not n.min == n.desired == n.max:
-                raise ConfigError("gpufleet:nodes", n.model_dump(), "gang mode holds a fixed size: min == desired == max")
-        if self.on_demand_base > n.max:
-            raise ConfigError("gpufleet:onDemandBase", self.on_demand_base, f"at most nodes.max ({n.max})")
+        object.__setattr__(self, "partitions", self._partitions())
+        object.__setattr__(self, "controller", self._controller())
         self._check_budget()
         if self.cloud == "tencent" and self.data_classification == "phi":
             raise ConfigError("gpufleet:dataClassification", "phi", "public, internal or personal on tencent "
@@ -251,12 +266,17 @@ class StackConfig(_Frozen):
             if not self.ssh_public_key or not self.ssh_public_key.startswith(("ssh-rsa ", "ssh-ed25519 ", "ecdsa-")):
                 raise ConfigError("gpufleet:sshPublicKey", self.ssh_public_key or _MISSING,
                                   "an OpenSSH public key (ssh-ed25519 ... or ssh-rsa ...); Azure nodes allow SSH keys only")
-            if n.max > AZURE_SCALE_SET_MAX:
-                raise ConfigError("gpufleet:nodes", n.model_dump(), f"max at most {AZURE_SCALE_SET_MAX} on azure "
-                                  "(one placement group, one InfiniBand domain)")
-            if len(self.instance_types) > 1:
-                raise ConfigError("gpufleet:instanceTypes", list(self.instance_types),
-                                  "one size on azure (a Uniform scale set runs a single VM size)")
+            for i, part in enumerate(self.partitions):
+                if len(part.instance_types) > 1:
+                    raise ConfigError(self._key(i, "instanceTypes"), list(part.instance_types),
+                                      "one size on azure (the node provider creates a partition's VMs of one size)")
+                if part.multi_node and part.spot:
+                    raise ConfigError(self._key(i, "spot"), True, "false for a gang partition on azure (its nodes "
+                                      "share InfiniBand in an availability set, which takes no spot VMs)")
+                if part.multi_node and part.nodes.max > AZURE_AVAILABILITY_SET_MAX:
+                    raise ConfigError(self._key(i, "nodes"), part.nodes.model_dump(), f"max at most "
+                                      f"{AZURE_AVAILABILITY_SET_MAX} on azure for a gang partition (one availability "
+                                      "set, one InfiniBand fabric)")
         if self.cloud != "aws" and self.network is not None:
             raise ConfigError("gpufleet:network", self.network.model_dump(by_alias=True),
                               "an existing network is supported on aws only")
@@ -279,6 +299,111 @@ class StackConfig(_Frozen):
                               "not on tencent: Cloud Monitor notifies CAM users and groups; add the recipients "
                               "to the stack's alert group (output alertGroup)")
         return self
+
+    def _key(self, i: int, key: str) -> str:
+        """The config key a partition's setting came from: gpufleet:partitions[i].key, or today's top-level key."""
+        return f"gpufleet:partitions[{i}].{key}" if self._given_partitions() else f"gpufleet:{key}"
+
+    def _given_partitions(self) -> bool:
+        return "partitions" in self.model_fields_set
+
+    def _partitions(self) -> tuple[Partition, ...]:
+        """The stack's partitions: `partitions`, or one partition "gpu" from today's keys (instanceTypes, nodes,
+        spot, onDemandBase, mode; gang mode makes it a gang partition). Each is checked against the catalog."""
+        given = {f.alias or name for name, f in type(self).model_fields.items() if name in self.model_fields_set}
+        if self._given_partitions():
+            entries = self.partitions
+            if not isinstance(entries, (list, tuple)) or not entries:
+                raise ConfigError("gpufleet:partitions", entries, "a non-empty list of {name, instanceTypes, "
+                                  "nodes: {min, max}, spot, onDemandBase, gang}")
+            mixed = [k for k in SINGLE_GROUP_KEYS if k in given]
+            if mixed:
+                raise ConfigError(f"gpufleet:{mixed[0]}", getattr(self, _KEY_TO_FIELD[mixed[0]]),
+                                  "set partitions or the single group's keys (" + ", ".join(SINGLE_GROUP_KEYS) +
+                                  "), not both; move it into a partition")
+            parts = []
+            for i, entry in enumerate(entries):
+                if isinstance(entry, Partition):
+                    entry = entry.model_dump(by_alias=True)
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"gpufleet:partitions[{i}]", entry, "an object {name, instanceTypes, nodes, "
+                                      "spot, onDemandBase, gang}")
+                try:
+                    parts.append(Partition(**entry))
+                except ValidationError as exc:
+                    raise _from_validation(exc, f"gpufleet:partitions[{i}]") from None
+        else:
+            for key in ("mode", "instanceTypes", "nodes"):
+                if key not in given or getattr(self, _KEY_TO_FIELD[key]) is None:
+                    raise ConfigError(f"gpufleet:{key}", _MISSING, "this key is required (or give partitions)")
+            n = self.nodes
+            desired = n.min if n.desired is None else n.desired
+            if not n.min <= desired <= n.max:
+                raise ConfigError("gpufleet:nodes", n.model_dump(exclude_none=True), "needs 0 <= min <= desired <= max")
+            if n.max == 0:
+                raise ConfigError("gpufleet:nodes", n.model_dump(exclude_none=True), "max must be at least 1")
+            parts = [Partition(name=DEFAULT_PARTITION, instanceTypes=self.instance_types,
+                               nodes=PartitionNodes(min=n.min, max=n.max), spot=self.spot,
+                               onDemandBase=self.on_demand_base, gang=self.mode == "gang")]
+        names = [p.name for p in parts]
+        for i, part in enumerate(parts):
+            self._check_partition(i, part)
+            if part.name in names[:i]:
+                raise ConfigError(self._key(i, "name"), part.name, "each partition name once")
+        total = sum(p.nodes.max for p in parts)
+        if total > MAX_NODES:
+            raise ConfigError("gpufleet:partitions", total, f"at most {MAX_NODES} nodes in all partitions")
+        if self._given_partitions():  # today's readers of the single group see the first partition
+            first = parts[0]
+            object.__setattr__(self, "mode", "gang" if first.gang else "queue")
+            object.__setattr__(self, "instance_types", first.instance_types)
+            object.__setattr__(self, "nodes", Nodes(min=first.nodes.min, max=first.nodes.max))
+            object.__setattr__(self, "spot", first.spot)
+            object.__setattr__(self, "on_demand_base", first.on_demand_base)
+        return tuple(parts)
+
+    def _check_partition(self, i: int, part: Partition) -> None:
+        if not PARTITION_NAME.match(part.name):
+            raise ConfigError(self._key(i, "name"), part.name, "1-15 lowercase letters and digits, starting with a "
+                              "letter (Slurm names its nodes <partition>-<n>)")
+        n = part.nodes
+        if n.min > n.max:
+            raise ConfigError(self._key(i, "nodes"), n.model_dump(), "needs 0 <= min <= max")
+        for name in part.instance_types:
+            row = catalog.CATALOG.get(name)
+            if row is None or row.cloud != self.cloud:
+                raise ConfigError(self._key(i, "instanceTypes"), name,
+                                  f"allowed for {self.cloud}: {', '.join(catalog.names(self.cloud))}")
+        if len(set(part.instance_types)) != len(part.instance_types):
+            raise ConfigError(self._key(i, "instanceTypes"), list(part.instance_types), "each type at most once")
+        if part.gang and n.max > 1:
+            if not part.primary.rdma and self.cloud != "tencent":  # Tencent: NCCL over TCP
+                fabric = "EFA" if self.cloud == "aws" else "InfiniBand"
+                raise ConfigError(self._key(i, "instanceTypes"), part.primary.name,
+                                  f"gang mode with more than one node needs an {fabric} type")
+            if len(part.instance_types) > 1:
+                raise ConfigError(self._key(i, "instanceTypes"), list(part.instance_types),
+                                  "gang mode uses one instance type (NCCL needs identical nodes)")
+        if part.on_demand_base > n.max:
+            raise ConfigError(self._key(i, "onDemandBase"), part.on_demand_base, f"at most nodes.max ({n.max})")
+
+    def _controller(self) -> Controller:
+        raw = self.controller if self.controller is not None else {}
+        if isinstance(raw, Controller):
+            raw = raw.model_dump(by_alias=True, exclude_none=True)
+        if not isinstance(raw, dict):
+            raise ConfigError("gpufleet:controller", raw, "an object {instanceType}")
+        try:
+            ctl = Controller(**raw)
+        except ValidationError as exc:
+            raise _from_validation(exc, "gpufleet:controller") from None
+        allowed = catalog.controller_types(self.cloud)
+        if ctl.instance_type is None:
+            return Controller(instanceType=allowed[0])
+        if ctl.instance_type not in allowed:
+            raise ConfigError("gpufleet:controller.instanceType", ctl.instance_type,
+                              f"allowed for {self.cloud}: {', '.join(allowed)}")
+        return ctl
 
     def _check_alerts(self) -> None:
         for i, alert in enumerate(self.alerts):
@@ -338,7 +463,12 @@ class StackConfig(_Frozen):
     # --- derived values -----------------------------------------------------------------------
     @property
     def primary(self) -> catalog.InstanceType:
-        return catalog.CATALOG[self.instance_types[0]]
+        """The first partition's node shape."""
+        return self.partitions[0].primary
+
+    @property
+    def controller_type(self) -> catalog.ControllerType:
+        return catalog.CONTROLLER_TYPES[self.controller.instance_type]
 
     @property
     def currency(self) -> str:
@@ -377,7 +507,13 @@ class StackConfig(_Frozen):
 
     @property
     def multi_node(self) -> bool:
-        return self.mode == "gang" and self.nodes.max > 1
+        """Some partition's nodes talk to each other (EFA / InfiniBand, node-to-node traffic)."""
+        return any(p.multi_node for p in self.partitions)
+
+    @property
+    def all_gang(self) -> bool:
+        """Every partition is a gang partition: the stack needs one subnet (one AZ, one placement group)."""
+        return all(p.gang for p in self.partitions)
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -402,6 +538,8 @@ _PYDANTIC_ALLOWED = {
     "extra_forbidden": lambda e: "unknown key",
 }
 _FIELD_TO_KEY = {}
+_KEY_TO_FIELD = {}
+MAX_NODES = 1000
 
 
 def _from_validation(exc: ValidationError, prefix: str = NAMESPACE) -> ConfigError:
@@ -420,6 +558,7 @@ def _from_validation(exc: ValidationError, prefix: str = NAMESPACE) -> ConfigErr
 
 for _name, _field in StackConfig.model_fields.items():
     _FIELD_TO_KEY[_name] = _field.alias or _name
+    _KEY_TO_FIELD[_field.alias or _name] = _name
 
 
 def _decode(value: Any) -> Any:

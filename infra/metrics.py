@@ -6,7 +6,9 @@ stats and dashboard metric rows and searches, in the namespace and with the dime
 """
 from __future__ import annotations
 
-from trainer.node.metric_names import ASG, GPU_UTILIZATION, INSTANCE, namespace  # noqa: F401  (re-exported)
+from trainer.node.metric_names import (ASG, GPU_UTILIZATION, INSTANCE, JOBS_PENDING, JOBS_RUNNING,  # noqa: F401
+                                       NODES_FAILED_TO_RESUME, NODES_UP, PENDING_ALARM_S, PENDING_OVER_AN_HOUR,
+                                       namespace)
 
 
 def alarm_metric(namespace_: str, name: str, asg: str, stat: str, period: int) -> dict:

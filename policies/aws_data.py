@@ -1,8 +1,16 @@
-"""KMS key rotation and SQS queue encryption."""
+"""Data at rest: KMS key rotation, SQS queue encryption, Secrets Manager secrets (the munge key) and EFS file systems
+(the shared /home and slurmctld's state) under a customer managed key, EFS reachable over TLS only."""
 from __future__ import annotations
 
-from policies.common import UNKNOWN, flag, resource_policy
-from policies.tokens import KMS_KEY, SQS_QUEUE
+from fnmatch import fnmatchcase
+
+from policies.common import (UNKNOWN, Stack, as_list, aws_managed_key, flag, get, items, json_doc,
+                             resource_policy, stack_policy)
+from policies.tokens import EFS_FILE_SYSTEM, EFS_POLICY, KMS_KEY, SECRET, SQS_QUEUE
+
+# The client actions an EFS file system policy authorizes (mount, write, root); a TLS deny must cover all three.
+EFS_CLIENT_ACTIONS = ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
+                      "elasticfilesystem:ClientRootAccess")
 
 
 def check_key_rotation(props: dict, ctx):
@@ -22,6 +30,78 @@ def check_queue_encrypted(props: dict, ctx):
         yield "queue sets neither kmsMasterKeyId nor sqsManagedSseEnabled true"
 
 
+def _key_gap(what: str, key) -> list[str]:
+    if key is UNKNOWN:
+        return []
+    if not key:
+        return [f"{what} uses the AWS managed key (kmsKeyId unset), not a customer managed key"]
+    if aws_managed_key(key):
+        return [f"{what} uses the AWS managed key {key}, not a customer managed key"]
+    return []
+
+
+def check_secret_cmk(props: dict, ctx):
+    """The secret, and each replica of it, names a customer managed key (unset means aws/secretsmanager)."""
+    yield from _key_gap("secret", props.get("kmsKeyId"))
+    for replica in items(props.get("replicas")):
+        yield from _key_gap(f"replica in {get(replica, 'region') or '?'}", get(replica, "kmsKeyId"))
+
+
+def _anyone(statement: dict) -> bool:
+    principal = statement.get("Principal")
+    if isinstance(principal, dict):
+        return "*" in as_list(principal.get("AWS"))
+    return "*" in as_list(principal)
+
+
+def _covers_client_actions(statement: dict) -> bool:
+    actions = [a.lower() for a in as_list(statement.get("Action")) if isinstance(a, str)]
+    return all(any(fnmatchcase(wanted.lower(), a) for a in actions) for wanted in EFS_CLIENT_ACTIONS)
+
+
+def _insecure_transport(statement: dict) -> bool:
+    condition = statement.get("Condition")
+    if not isinstance(condition, dict):
+        return False
+    for op, pairs in condition.items():
+        if not isinstance(pairs, dict) or op.lower() not in ("bool", "boolifexists"):
+            continue
+        for key, value in pairs.items():
+            if key.lower() == "aws:securetransport" and [str(v).lower() for v in as_list(value)] == ["false"]:
+                return True
+    return False
+
+
+def denies_insecure_transport(doc) -> bool:
+    """A statement denies every principal all client actions when aws:SecureTransport is false."""
+    if not isinstance(doc, dict):
+        return False
+    return any(isinstance(s, dict) and s.get("Effect") == "Deny" and _anyone(s) and _covers_client_actions(s)
+               and _insecure_transport(s) for s in as_list(doc.get("Statement")))
+
+
+_NO_TLS_DENY = ("denies no one mounting without TLS (a Deny of '*' or the elasticfilesystem client actions for "
+                "Principal {AWS: '*'} when aws:SecureTransport is false)")
+
+
+def check_efs(stack: Stack, ctx):
+    """Every file system is encrypted under a customer managed key and has a TLS-only file system policy; every
+    file system policy, whether or not its file system is in this stack, denies plain NFS."""
+    for fs in stack.of(EFS_FILE_SYSTEM):
+        encrypted = fs.props.get("encrypted")
+        if encrypted is not UNKNOWN and flag(encrypted) is not True:
+            yield f"file system '{fs.name}' is not encrypted at rest", fs.urn
+        else:
+            for gap in _key_gap("encryption", fs.props.get("kmsKeyId")):
+                yield f"file system '{fs.name}': {gap}", fs.urn
+        if not stack.referrers(fs, [EFS_POLICY], "fileSystemId"):
+            yield (f"file system '{fs.name}' has no file system policy: clients may mount it without TLS"), fs.urn
+    for attached in stack.of(EFS_POLICY):
+        doc = json_doc(attached.props.get("policy"))
+        if doc is not UNKNOWN and not denies_insecure_transport(doc):
+            yield f"file system policy '{attached.name}' {_NO_TLS_DENY}", attached.urn
+
+
 POLICIES = [
     resource_policy(
         "aws-kms-key-rotation",
@@ -33,4 +113,19 @@ POLICIES = [
         "SQS queues encrypt messages at rest.",
         types=[SQS_QUEUE], severity="medium", frameworks=["HIPAA", "GDPR"], check=check_queue_encrypted,
         remediation="Set kmsMasterKeyId to the stack's KMS key (or sqsManagedSseEnabled true for non-regulated data)."),
+    resource_policy(
+        "aws-secretsmanager-secret-cmk",
+        "Secrets Manager secrets (the munge key among them) are encrypted with a customer managed KMS key.",
+        types=[SECRET], severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_secret_cmk,
+        remediation="Set kmsKeyId to the stack's KMS key on the secret and on each of its replicas. Without it "
+                    "Secrets Manager uses aws/secretsmanager, whose key policy lets any principal of the account "
+                    "that may read the secret decrypt it; the stack key's policy and kms:Decrypt are a second gate."),
+    stack_policy(
+        "aws-efs-filesystem-cmk-tls-only",
+        "EFS file systems are encrypted with a customer managed KMS key and their policy denies connections "
+        "without TLS.",
+        severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_efs,
+        remediation="Set encrypted true and kmsKeyId to the stack's key on the file system, and give it an "
+                    "aws.efs.FileSystemPolicy with a statement Deny, Principal {AWS: '*'}, Action '*', Condition "
+                    "Bool aws:SecureTransport 'false' (mount with amazon-efs-utils' tls option)."),
 ]

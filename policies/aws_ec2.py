@@ -1,13 +1,15 @@
 """EC2 guardrails: IMDSv2, encrypted EBS, no public IPs, no security group ingress from the internet,
-VPC endpoints that pass only the account's own principals and resources.
+VPC endpoints that pass only the account's own principals and resources, and the Slurm controller's hardening.
 
 Launch-template booleans arrive as strings ("true"); `flag` reads both forms.
 """
 from __future__ import annotations
 
-from policies.common import UNKNOWN, Stack, as_list, flag, get, items, json_doc, resource_policy, stack_policy
-from policies.tokens import (DEFAULT_SECURITY_GROUP, EBS_VOLUME, INSTANCE, LAUNCH_TEMPLATE, SECURITY_GROUP,
-                            SG_INGRESS_RULE, SG_RULE, SUBNET, VPC_ENDPOINT, VPC_ENDPOINT_POLICY)
+from policies.common import (UNKNOWN, Resource, Stack, as_list, aws_managed_key, flag, get, items, json_doc, number,
+                             resource_policy, stack_policy, type_chain)
+from policies.tokens import (CONTROLLER, DEFAULT_SECURITY_GROUP, EBS_VOLUME, EIP, EIP_ASSOCIATION, INSTANCE,
+                            LAUNCH_TEMPLATE, NETWORK_INTERFACE, SECURITY_GROUP, SG_INGRESS_RULE, SG_RULE, SUBNET,
+                            VPC_ENDPOINT, VPC_ENDPOINT_POLICY)
 
 WORLD = ("0.0.0.0/0", "::/0")
 
@@ -161,6 +163,85 @@ def check_endpoint_policy(stack: Stack, ctx):
             yield f"endpoint policy '{attached.name}': {problem}", attached.urn
 
 
+# --- the Slurm controller -------------------------------------------------------------------------
+
+def controllers(stack: Stack) -> list[Resource]:
+    """The stack's Slurm controller instances: EC2 instances created under a gpufleet:aws:Controller component."""
+    return [r for r in stack.of(INSTANCE)
+            if stack.under(r, CONTROLLER) is not None or CONTROLLER in type_chain(r.urn)[:-1]]
+
+
+def metadata_gaps(options) -> list[str]:
+    """How an instance's metadataOptions fall short of IMDSv2 with one hop (a disabled endpoint is fine)."""
+    if options is UNKNOWN or get(options, "httpEndpoint") == "disabled":
+        return []
+    gaps = []
+    tokens = get(options, "httpTokens")
+    if tokens is not UNKNOWN and tokens != "required":
+        gaps.append(f"metadataOptions.httpTokens is {tokens or 'unset'}, not 'required' (IMDSv1 allowed)")
+    hops = get(options, "httpPutResponseHopLimit")
+    if hops is not UNKNOWN and number(hops) != 1:
+        # unset, the hop limit is the AMI's default (2 on images marked for IMDSv2): a container could reach it
+        shown = f"{number(hops):g}" if number(hops) is not None else "unset"
+        gaps.append(f"metadataOptions.httpPutResponseHopLimit is {shown}, not 1")
+    return gaps
+
+
+def volume_gaps(props: dict) -> list[str]:
+    """The controller's volumes (root and attached) that are not encrypted under a customer managed key."""
+    gaps = []
+    devices = [("root volume", props.get("rootBlockDevice"))]
+    devices += [(f"volume {get(d, 'deviceName') or i}", d) for i, d in enumerate(items(props.get("ebsBlockDevices")))]
+    for label, device in devices:
+        if device is UNKNOWN:
+            continue
+        encrypted, key = get(device, "encrypted"), get(device, "kmsKeyId")
+        if encrypted is not UNKNOWN and flag(encrypted) is not True:
+            gaps.append(f"{label} is not encrypted")
+        elif key is not UNKNOWN and not key:
+            gaps.append(f"{label} is encrypted with the AWS managed key (kmsKeyId unset), not the stack's key")
+        elif aws_managed_key(key):
+            gaps.append(f"{label} is encrypted with the AWS managed key {key}, not the stack's key")
+    return gaps
+
+
+def public_addresses(stack: Stack, instance: Resource) -> list[str]:
+    """Ways the controller gets a public IPv4 address: asked for at launch, an Elastic IP on the instance or on one
+    of its network interfaces, or a subnet that maps public addresses on launch."""
+    props = instance.props
+    found = []
+    if flag(props.get("associatePublicIpAddress")) is True:
+        found.append("associatePublicIpAddress is true")
+    nics = stack.targets(instance, [NETWORK_INTERFACE], "networkInterfaces", "primaryNetworkInterface")
+    for eip in stack.of(EIP):
+        if instance.urn in eip.deps("instance"):
+            found.append(f"Elastic IP '{eip.name}' is on the instance")
+        for nic in nics:
+            if nic.urn in eip.deps("networkInterface"):
+                found.append(f"Elastic IP '{eip.name}' is on its network interface '{nic.name}'")
+    for assoc in stack.of(EIP_ASSOCIATION):
+        if instance.urn in assoc.deps("instanceId"):
+            found.append(f"Elastic IP association '{assoc.name}' is on the instance")
+        for nic in nics:
+            if nic.urn in assoc.deps("networkInterfaceId"):
+                found.append(f"Elastic IP association '{assoc.name}' is on its network interface '{nic.name}'")
+    # A subnet's public-IP-on-launch gives an address to the primary interface the launch creates, not to an
+    # existing interface attached at device 0 (nor when the launch says associatePublicIpAddress false).
+    if props.get("subnetId") is not None and flag(props.get("associatePublicIpAddress")) is not False:
+        for subnet in stack.targets(instance, [SUBNET], "subnetId"):
+            if flag(subnet.props.get("mapPublicIpOnLaunch")) is True:
+                found.append(f"it launches into subnet '{subnet.name}', which maps a public IP on launch")
+    return found
+
+
+def check_controller(stack: Stack, ctx):
+    for instance in controllers(stack):
+        gaps = (public_addresses(stack, instance) + metadata_gaps(instance.props.get("metadataOptions"))
+                + volume_gaps(instance.props))
+        for gap in gaps:
+            yield f"controller '{instance.name}': {gap}", instance.urn
+
+
 _CIS = ["CIS"]
 POLICIES = [
     resource_policy(
@@ -220,4 +301,13 @@ POLICIES = [
         remediation="Give every aws.ec2.VpcEndpoint a policy: Allow with Condition StringEquals aws:PrincipalAccount "
                     "and aws:ResourceAccount set to the account (or aws:PrincipalOrgID / aws:ResourceOrgID), and for "
                     "the S3 gateway only the stack's bucket ARNs plus the AWS-owned buckets the nodes need, by name."),
+    stack_policy(
+        "aws-slurm-controller-hardened",
+        "The Slurm controller instance is private, takes IMDSv2 tokens only with one hop, and encrypts its volumes "
+        "with a customer managed key.",
+        severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_controller,
+        remediation="Give the controller a network interface in a private subnet and no Elastic IP "
+                    "(associatePublicIpAddress false), metadataOptions {httpTokens: 'required', "
+                    "httpPutResponseHopLimit: 1}, and rootBlockDevice {encrypted: true, kmsKeyId: the stack key}; "
+                    "reach it through SSM Session Manager."),
 ]

@@ -1,7 +1,9 @@
-"""IAM guardrails: no wildcard actions, no admin-grade managed policies, no unconditioned writes on '*'."""
+"""IAM guardrails: no wildcard actions, no admin-grade managed policies, no unconditioned writes on '*', and
+bounded launch rights (the Slurm controller launches GPU nodes with EC2 CreateFleet)."""
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 
 from policies.common import as_list, items, json_doc, resource_policy
 from policies.tokens import IAM_ATTACHMENTS, IAM_POLICY_DOCS, IAM_ROLE
@@ -60,6 +62,97 @@ def check_broad_managed(props: dict, ctx):
             yield f"attaches AWS managed policy {arn.rsplit('/', 1)[-1]}"
 
 
+# --- bounded launch rights --------------------------------------------------------------------------
+
+LAUNCH_ACTIONS = ("ec2:RunInstances", "ec2:CreateFleet")
+TERMINATE = "ec2:TerminateInstances"
+PASS_ROLE = "iam:PassRole"
+STACK_TAG = "gpufleet-stack"
+# An instance ARN no real one equals, to test whether a Resource pattern reaches instances in general.
+_ANY_INSTANCE = "instance/i-0a1b2c3d4e5f60718"
+_EXACT = ("arnequals", "arnlike", "stringequals", "stringlike")   # with no wildcard in the values, all are exact
+
+
+def allows(statement: dict, action: str) -> bool:
+    """The Allow statement grants `action` (through Action patterns, or NotAction that leaves it out)."""
+    if statement.get("NotAction") is not None:
+        return not any(isinstance(a, str) and fnmatchcase(action.lower(), a.lower())
+                       for a in as_list(statement.get("NotAction")))
+    return any(isinstance(a, str) and fnmatchcase(action.lower(), a.lower()) for a in as_list(statement.get("Action")))
+
+
+def _reaches_instances(pattern) -> bool:
+    if not isinstance(pattern, str):
+        return False
+    if pattern == "*":
+        return True
+    parts = pattern.split(":", 5)
+    if len(parts) < 6:
+        return fnmatchcase(f"arn:aws:ec2:r:1:{_ANY_INSTANCE}", pattern)
+    return fnmatchcase("ec2", parts[2]) and fnmatchcase(_ANY_INSTANCE, parts[5])
+
+
+def on_instances(statement: dict) -> bool:
+    """The statement's resources reach EC2 instances in general ('*', instance/*, NotResource leaving them in)."""
+    if statement.get("NotResource") is not None:
+        return not any(_reaches_instances(r) for r in as_list(statement.get("NotResource")))
+    return any(_reaches_instances(r) for r in as_list(statement.get("Resource")))
+
+
+def _wildcard(value) -> bool:
+    return not isinstance(value, str) or not value or "*" in value or "?" in value
+
+
+def exact_condition(statement: dict, key: str) -> list:
+    """The values an exact (not IfExists, not negated) operator requires of condition `key`; [] if none does.
+    Any value with a wildcard makes the whole answer [] (it does not name one thing)."""
+    condition = statement.get("Condition")
+    if not isinstance(condition, dict):
+        return []
+    for op, pairs in condition.items():
+        if not isinstance(pairs, dict) or not isinstance(op, str) or op.lower() not in _EXACT:
+            continue
+        for k, values in pairs.items():
+            if isinstance(k, str) and k.lower() == key.lower():
+                values = as_list(values)
+                return values if values and not any(_wildcard(v) for v in values) else []
+    return []
+
+
+def launch_gaps(statement: dict) -> list[str]:
+    """How one Allow statement leaves launching, terminating or passing roles unbounded."""
+    gaps = []
+    launches = [a for a in LAUNCH_ACTIONS if allows(statement, a)]
+    if launches and on_instances(statement):
+        verbs = " and ".join(launches)
+        templates = exact_condition(statement, "ec2:LaunchTemplate")
+        if not templates or not all(":launch-template/" in t for t in templates):
+            gaps.append(f"{verbs} on instances without an ArnEquals ec2:LaunchTemplate condition naming "
+                        f"the stack's launch templates")
+        if not (exact_condition(statement, f"aws:RequestTag/{STACK_TAG}")
+                or exact_condition(statement, f"ec2:RequestTag/{STACK_TAG}")):
+            gaps.append(f"{verbs} on instances without a StringEquals aws:RequestTag/{STACK_TAG} condition")
+    if allows(statement, TERMINATE) and on_instances(statement):
+        if not (exact_condition(statement, f"ec2:ResourceTag/{STACK_TAG}")
+                or exact_condition(statement, f"aws:ResourceTag/{STACK_TAG}")):
+            gaps.append(f"{TERMINATE} without a StringEquals ec2:ResourceTag/{STACK_TAG} condition")
+    if allows(statement, PASS_ROLE):
+        roles = as_list(statement.get("Resource"))
+        if (statement.get("NotResource") is not None or not roles
+                or any(_wildcard(r) or ":role/" not in r for r in roles)):
+            gaps.append(f"{PASS_ROLE} on {', '.join(map(str, roles)) or 'NotResource'}, not named role ARNs")
+        if not exact_condition(statement, "iam:PassedToService"):
+            gaps.append(f"{PASS_ROLE} without a StringEquals iam:PassedToService condition")
+    return gaps
+
+
+def check_bounded_launch(props: dict, ctx):
+    for label, doc in documents(ctx.resource_type, props):
+        for i, s in enumerate(allow_statements(doc)):
+            for gap in launch_gaps(s):
+                yield f"{label}: statement {s.get('Sid') or i}: {gap}"
+
+
 _DOC_TYPES = [*IAM_POLICY_DOCS, IAM_ROLE]
 POLICIES = [
     resource_policy(
@@ -72,7 +165,7 @@ POLICIES = [
         "aws-iam-policy-no-unconditioned-wildcard-write",
         "IAM policies allow no write action on Resource '*' unless a Condition narrows it.",
         types=_DOC_TYPES, severity="high", frameworks=["CIS"], check=check_unconditioned_write,
-        remediation="Scope write actions to the stack's ARNs (bucket, queue, log group, auto scaling group); for "
+        remediation="Scope write actions to the stack's ARNs (bucket, queue, log group, secret, launch template); for "
                     "actions without resource-level permissions add a Condition such as "
                     "StringEquals cloudwatch:namespace or aws:ResourceTag/gpufleet-stack."),
     resource_policy(
@@ -81,4 +174,14 @@ POLICIES = [
         types=[*IAM_ATTACHMENTS, IAM_ROLE], severity="critical", frameworks=["CIS"], check=check_broad_managed,
         remediation="Replace the managed policy with a customer-managed policy listing the needed actions on "
                     "the stack's resources."),
+    resource_policy(
+        "aws-iam-policy-bounded-launch",
+        "IAM policies launch instances only from named launch templates with the stack tag, terminate only "
+        "tagged instances and pass only named roles to a named service.",
+        types=_DOC_TYPES, severity="critical", frameworks=["CIS"], check=check_bounded_launch,
+        remediation="Condition ec2:RunInstances / ec2:CreateFleet on instance/* with ArnEquals ec2:LaunchTemplate "
+                    "[the stack's launch template ARNs] and StringEquals aws:RequestTag/gpufleet-stack; "
+                    "ec2:TerminateInstances with StringEquals ec2:ResourceTag/gpufleet-stack; iam:PassRole on the "
+                    "node role's ARN with StringEquals iam:PassedToService ec2.amazonaws.com "
+                    "(infra.aws.policies.controller_policy)."),
 ]

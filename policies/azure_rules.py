@@ -1,17 +1,30 @@
-"""Azure guardrails: storage accounts, InfiniBand scale sets, network security groups, Key Vaults.
+"""Azure guardrails: storage accounts, VMs and scale sets (SSH keys only, encryption at host), where a Slurm
+partition's VMs go (a Flexible scale set, or one availability set for a multi-node InfiniBand gang), the Slurm
+controller's hardening, public IPs (a NAT gateway's outbound address only), network security groups, Key Vaults.
+
+On Azure the GPU nodes are Slurm CLOUD nodes the controller creates as VMs: each Slurm partition is a
+`gpufleet:azure:Partition` component whose properties say what it is and whose child is the group its VMs join,
+an empty Flexible scale set (no VM profile, no capacity) or an availability set. The controller is a VM under a
+`gpufleet:azure:Controller` component, on a network interface of its own (linked through networkProfile).
 
 (Named azure_rules, not azure: the policy host puts policies/ on sys.path, where `azure.py` would
 shadow the Azure SDK's `azure` namespace package.)
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from infra.catalog import CATALOG
-from policies.common import UNKNOWN, Stack, flag, get, items, number, resource_policy, stack_policy
-from policies.tokens import AZ_AUTOSCALE, AZ_CONTAINER, AZ_KEY_VAULT, AZ_NSG, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VMSS
+from policies.common import (UNKNOWN, Resource, Stack, flag, get, items, number, resource_policy, stack_policy,
+                             type_chain)
+from policies.gpu import is_gang, partition_label, partition_types
+from policies.tokens import (AZ_AVSET, AZ_CONTAINER, AZ_CONTROLLER, AZ_KEY_VAULT, AZ_NAT_GATEWAY, AZ_NIC, AZ_NSG,
+                             AZ_PARTITION, AZ_PUBLIC_IP, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VM, AZ_VMSS)
 
 INTERNET = ("*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0")
 TLS_OK = ("TLS1_2", "TLS1_3")
-MAX_SINGLE_PLACEMENT_GROUP = 100
+AVAILABILITY_SET_MAX = 200      # VMs one availability set holds
+ALIGNED = "Aligned"             # an availability set of VMs with managed disks
 
 
 def check_https_only(props: dict, ctx):
@@ -70,54 +83,191 @@ def check_vault_no_public_access(props: dict, ctx):
            f"{default_action or 'Allow (unset)'}")
 
 
-def infiniband(vmss_props: dict) -> bool:
-    row = CATALOG.get(get(vmss_props, "sku", "name"))
-    return row is not None and row.infiniband_gbps > 0
+# --- VMs and scale sets -------------------------------------------------------------------------------
+
+def vm_profile(props: dict, resource_type: str):
+    """The part of a VM or scale set that describes its VMs: a VM's own properties, a scale set's
+    virtualMachineProfile (None for an empty Flexible scale set, whose VMs bring their own)."""
+    return props if resource_type == AZ_VM else props.get("virtualMachineProfile")
 
 
-def check_infiniband_scale_set(stack: Stack, ctx):
-    for vmss in stack.of(AZ_VMSS):
-        props = vmss.props
-        if not infiniband(props):
-            continue
-        sku = get(props, "sku", "name")
-        mode = props.get("orchestrationMode")
-        if mode not in (None, "Uniform", UNKNOWN):
-            yield f"InfiniBand scale set '{vmss.name}' uses {mode} orchestration; IB needs Uniform", vmss.urn
-        if flag(props.get("singlePlacementGroup")) is False:
-            yield f"InfiniBand scale set '{vmss.name}' spans placement groups; IB only reaches within one", vmss.urn
-        domains = number(props.get("platformFaultDomainCount"))
-        if props.get("platformFaultDomainCount") is not UNKNOWN and domains != 1:
-            yield (f"InfiniBand scale set '{vmss.name}' has platformFaultDomainCount "
-                   f"{props.get('platformFaultDomainCount') or 'unset'}; set 1"), vmss.urn
-        sizes = [number(get(vmss.props, "sku", "capacity")) or 0]
-        for setting in stack.referrers(vmss, [AZ_AUTOSCALE], "targetResourceUri"):
-            sizes += [number(get(p, "capacity", "maximum")) or 0 for p in items(setting.props.get("profiles"))]
-        if max(sizes) > MAX_SINGLE_PLACEMENT_GROUP:
-            yield (f"InfiniBand scale set '{vmss.name}' ({sku}) can reach {max(sizes):g} instances; a single "
-                   f"placement group holds at most {MAX_SINGLE_PLACEMENT_GROUP}"), vmss.urn
+def ssh_gaps(profile) -> list[str]:
+    """How a VM profile's login falls short of SSH keys only ([] when there is no OS profile to judge)."""
+    os_profile = get(profile, "osProfile")
+    if os_profile is UNKNOWN or os_profile is None:
+        return []
+    gaps = []
+    if get(os_profile, "adminPassword") is not None:
+        gaps.append("osProfile sets an adminPassword")
+    linux = get(os_profile, "linuxConfiguration")
+    if linux is UNKNOWN:
+        return gaps
+    if flag(get(linux, "disablePasswordAuthentication")) is not True:
+        gaps.append("linuxConfiguration.disablePasswordAuthentication is not true")
+    keys = get(linux, "ssh", "publicKeys")
+    if keys is not UNKNOWN and not items(keys):
+        gaps.append("no SSH public key in linuxConfiguration.ssh.publicKeys")
+    return gaps
+
+
+def host_encryption_gaps(profile) -> list[str]:
+    value = get(profile, "securityProfile", "encryptionAtHost")
+    if value is not UNKNOWN and flag(value) is not True:
+        return ["securityProfile.encryptionAtHost is not true: temp disks and caches are not encrypted"]
+    return []
 
 
 def check_ssh_keys_only(props: dict, ctx):
-    os_profile = get(props, "virtualMachineProfile", "osProfile")
-    if os_profile is UNKNOWN or os_profile is None:
+    profile = vm_profile(props, ctx.resource_type)
+    if profile is None or profile is UNKNOWN:
         return
-    if get(os_profile, "adminPassword") is not None:
-        yield "osProfile sets an adminPassword"
-    linux = get(os_profile, "linuxConfiguration")
-    if linux is UNKNOWN:
-        return
-    if flag(get(linux, "disablePasswordAuthentication")) is not True:
-        yield "linuxConfiguration.disablePasswordAuthentication is not true"
-    keys = get(linux, "ssh", "publicKeys")
-    if keys is not UNKNOWN and not items(keys):
-        yield "no SSH public key in linuxConfiguration.ssh.publicKeys"
+    yield from ssh_gaps(profile)
 
 
 def check_encryption_at_host(props: dict, ctx):
-    value = get(props, "virtualMachineProfile", "securityProfile", "encryptionAtHost")
-    if value is not UNKNOWN and flag(value) is not True:
-        yield "securityProfile.encryptionAtHost is not true: temp disks and caches are not encrypted"
+    profile = vm_profile(props, ctx.resource_type)
+    if profile is None or profile is UNKNOWN:
+        return
+    yield from host_encryption_gaps(profile)
+
+
+# --- where a partition's VMs go -------------------------------------------------------------------------
+
+def infiniband(part: Resource) -> Optional[bool]:
+    """The partition's nodes talk over InfiniBand: its infiniband property, else its sizes in the catalog."""
+    value = part.props.get("infiniband")
+    if value is UNKNOWN:
+        return None
+    if value is not None:
+        return flag(value)
+    return any(CATALOG[t].infiniband_gbps > 0 for t in partition_types(part) if t in CATALOG)
+
+
+def _domains(group: Resource) -> list[str]:
+    value = group.props.get("platformFaultDomainCount")
+    if value is UNKNOWN or number(value) == 1:
+        return []
+    return [f"platformFaultDomainCount {value if value is not None else 'unset'}, not 1"]
+
+
+def placement_problems(stack: Stack, part: Resource) -> list[str]:
+    """How a partition's VM group differs from its kind's: a multi-node InfiniBand gang one availability set (one
+    fault domain, Aligned), on demand, of at most 200 VMs; every other partition one Flexible scale set with one
+    fault domain."""
+    gang, size, ib = is_gang(part.props), number(part.props.get("maxNodes")), infiniband(part)
+    if gang is None or size is None or (gang and size > 1 and ib is None):
+        return []
+    label = partition_label(part)
+    sets, avsets = stack.children(part, [AZ_VMSS]), stack.children(part, [AZ_AVSET])
+    problems = []
+    if gang and size > 1 and ib:
+        what = f"multi-node InfiniBand gang {label}"
+        if sets:
+            problems.append(f"{what} puts its VMs in scale set(s) {', '.join(s.name for s in sets)}: Flexible scale "
+                            f"sets have no InfiniBand")
+        if not avsets:
+            problems.append(f"{what} has no availability set")
+        elif len(avsets) > 1:
+            problems.append(f"{what} has {len(avsets)} availability sets ({', '.join(a.name for a in avsets)}); "
+                            f"its VMs must share one InfiniBand fabric")
+        for avset in avsets:
+            problems += [f"availability set '{avset.name}' of {label}: {p}" for p in _domains(avset)]
+            sku = get(avset.props, "sku", "name")
+            if sku is not UNKNOWN and sku != ALIGNED:
+                problems.append(f"availability set '{avset.name}' of {label}: sku {sku or 'unset'}, not {ALIGNED} "
+                                f"(managed disks)")
+        if flag(part.props.get("spot")) is True:
+            problems.append(f"{what} runs spot VMs, which an availability set does not take")
+        if size > AVAILABILITY_SET_MAX:
+            problems.append(f"{what} can reach {size:g} VMs; an availability set holds at most "
+                            f"{AVAILABILITY_SET_MAX}")
+        return problems
+    if avsets:
+        problems.append(f"{label} puts its VMs in availability set(s) {', '.join(a.name for a in avsets)}; only a "
+                        f"multi-node InfiniBand gang needs one")
+    if not sets:
+        problems.append(f"{label} has no scale set for its VMs to join")
+    elif len(sets) > 1:
+        problems.append(f"{label} has {len(sets)} scale sets ({', '.join(s.name for s in sets)}); it needs one")
+    for vmss in sets:
+        mode = vmss.props.get("orchestrationMode")
+        if mode not in ("Flexible", UNKNOWN):
+            problems.append(f"scale set '{vmss.name}' of {label}: {mode or 'Uniform (unset)'} orchestration, not "
+                            f"Flexible")
+        problems += [f"scale set '{vmss.name}' of {label}: {p}" for p in _domains(vmss)]
+    return problems
+
+
+def check_partition_placement(stack: Stack, ctx):
+    for part in stack.of(AZ_PARTITION):
+        for problem in placement_problems(stack, part):
+            yield problem, part.urn
+
+
+# --- the Slurm controller, public addresses ---------------------------------------------------------------
+
+def controllers(stack: Stack) -> list[Resource]:
+    """The stack's Slurm controller VMs: VMs created under a gpufleet:azure:Controller component."""
+    return [r for r in stack.of(AZ_VM)
+            if stack.under(r, AZ_CONTROLLER) is not None or AZ_CONTROLLER in type_chain(r.urn)[:-1]]
+
+
+def inline_public_ips(profile) -> list[str]:
+    """Public IPs a VM (or scale set) profile creates on the network interfaces it defines itself."""
+    found = []
+    for nic in items(get(profile, "networkProfile", "networkInterfaceConfigurations")):
+        for conf in items(get(nic, "ipConfigurations")):
+            if get(conf, "publicIPAddressConfiguration") not in (None, UNKNOWN):
+                found.append(f"its network interface configuration '{get(nic, 'name') or '?'}' creates a public IP")
+    return found
+
+
+def nic_public_ips(stack: Stack, nic: Resource) -> list[str]:
+    """The public IPs a network interface holds: those of this stack it depends on, or any its ipConfigurations
+    name."""
+    held = stack.targets(nic, [AZ_PUBLIC_IP], "ipConfigurations")
+    if held:
+        return [f"public IP '{ip.name}'" for ip in held]
+    named = [get(c, "publicIPAddress") for c in items(nic.props.get("ipConfigurations"))]
+    return ["a public IP address" for value in named if value not in (None, UNKNOWN)][:1]
+
+
+def controller_gaps(stack: Stack, vm: Resource) -> list[str]:
+    gaps = list(inline_public_ips(vm.props))
+    for nic in stack.targets(vm, [AZ_NIC], "networkProfile"):
+        gaps += [f"its network interface '{nic.name}' holds {ip}" for ip in nic_public_ips(stack, nic)]
+    return gaps + host_encryption_gaps(vm.props) + ssh_gaps(vm.props)
+
+
+def check_controller(stack: Stack, ctx):
+    for vm in controllers(stack):
+        for gap in controller_gaps(stack, vm):
+            yield f"controller '{vm.name}': {gap}", vm.urn
+
+
+# What may hold a public IP and take traffic through it (other than a NAT gateway's outbound use).
+_HOLDERS = {AZ_NIC: ("ipConfigurations",), AZ_VM: ("networkProfile",), AZ_VMSS: ("virtualMachineProfile",),
+            "azure-native:network:LoadBalancer": ("frontendIPConfigurations",),
+            "azure-native:network:ApplicationGateway": ("frontendIPConfigurations",),
+            "azure-native:network:BastionHost": ("ipConfigurations",),
+            "azure-native:network:VirtualNetworkGateway": ("ipConfigurations",)}
+
+
+def check_public_ips(stack: Stack, ctx):
+    for ip in stack.of(AZ_PUBLIC_IP):
+        holders = [r for t, props in _HOLDERS.items() for r in stack.referrers(ip, [t], *props)]
+        for holder in holders:
+            yield f"public IP '{ip.name}' is on {holder.type.rsplit(':', 1)[-1]} '{holder.name}'", ip.urn
+        if not stack.referrers(ip, [AZ_NAT_GATEWAY], "publicIpAddresses"):
+            yield f"public IP '{ip.name}' is not the outbound address of a NAT gateway of this stack", ip.urn
+    for nic in stack.of(AZ_NIC):
+        if not stack.targets(nic, [AZ_PUBLIC_IP], "ipConfigurations"):
+            for held in nic_public_ips(stack, nic):
+                yield f"network interface '{nic.name}' holds {held}", nic.urn
+    for r in stack.of(AZ_VM, AZ_VMSS):
+        profile = vm_profile(r.props, r.type)
+        for found in [] if profile in (None, UNKNOWN) else inline_public_ips(profile):
+            yield f"{r.type.rsplit(':', 1)[-1]} '{r.name}': {found}", r.urn
 
 
 def _internet_sources(rule: dict) -> list[str]:
@@ -161,21 +311,42 @@ POLICIES = [
         remediation="Set networkRuleSet {defaultAction: 'Deny', bypass: 'AzureServices', virtualNetworkRules: "
                     "[the node subnet]} or publicNetworkAccess 'Disabled' with a private endpoint."),
     stack_policy(
-        "azure-compute-vmss-infiniband-layout",
-        "Scale sets on InfiniBand sizes are Uniform, one placement group, one fault domain, at most 100 nodes.",
-        severity="high", frameworks=["gpufleet-gpu"], check=check_infiniband_scale_set,
-        remediation="Set orchestrationMode 'Uniform', singlePlacementGroup true, platformFaultDomainCount 1, and "
-                    "keep sku.capacity and the autoscale maximum at or below 100."),
+        "azure-slurm-partition-placement",
+        "A multi-node InfiniBand gang partition's VMs share one on-demand availability set of at most 200 (one fault "
+        "domain, Aligned); every other partition's VMs join one Flexible scale set with one fault domain.",
+        severity="high", frameworks=["gpufleet-gpu"], check=check_partition_placement,
+        remediation="Give a multi-node gang partition one child azure-native compute.AvailabilitySet with "
+                    "platformFaultDomainCount 1 and sku 'Aligned' (spot false, nodes.max at most 200: the stack "
+                    "config enforces both), and every other partition one child VirtualMachineScaleSet with "
+                    "orchestrationMode 'Flexible' and platformFaultDomainCount 1 (infra/azure/partition.py)."),
     resource_policy(
-        "azure-compute-vmss-ssh-keys-only", "Linux scale sets allow SSH key login only.",
-        types=[AZ_VMSS], severity="high", frameworks=["CIS"], check=check_ssh_keys_only,
-        remediation="Remove adminPassword, set linuxConfiguration.disablePasswordAuthentication true and "
-                    "add ssh.publicKeys from gpufleet:sshPublicKey."),
+        "azure-compute-vm-ssh-keys-only", "Linux VMs and scale set VM profiles allow SSH key login only.",
+        types=[AZ_VM, AZ_VMSS], severity="high", frameworks=["CIS"], check=check_ssh_keys_only,
+        remediation="Remove adminPassword, set osProfile.linuxConfiguration.disablePasswordAuthentication true and "
+                    "add ssh.publicKeys from gpufleet:sshPublicKey (virtualMachineProfile.osProfile on a scale set)."),
     resource_policy(
-        "azure-compute-vmss-encryption-at-host", "Scale sets encrypt temp disks and caches at the host.",
-        types=[AZ_VMSS], severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_encryption_at_host,
-        remediation="Set virtualMachineProfile.securityProfile.encryptionAtHost true "
-                    "(register the EncryptionAtHost feature on the subscription)."),
+        "azure-compute-vm-encryption-at-host",
+        "VMs and scale set VM profiles encrypt temp disks and caches at the host.",
+        types=[AZ_VM, AZ_VMSS], severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_encryption_at_host,
+        remediation="Set securityProfile.encryptionAtHost true (virtualMachineProfile.securityProfile on a scale "
+                    "set; register the EncryptionAtHost feature on the subscription). An empty Flexible scale set "
+                    "has no VM profile: the node provider sets it on each VM it creates."),
+    stack_policy(
+        "azure-slurm-controller-hardened",
+        "The Slurm controller VM holds no public IP, encrypts at the host and allows SSH key login only.",
+        severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_controller,
+        remediation="Give the controller a network interface in the private controller subnet with no public IP "
+                    "(outbound through the subnet's NAT gateway), securityProfile.encryptionAtHost true and "
+                    "osProfile.linuxConfiguration {disablePasswordAuthentication: true, ssh.publicKeys} with no "
+                    "adminPassword; reach it with Azure Bastion or from the VNet."),
+    stack_policy(
+        "azure-network-publicip-nat-only",
+        "A public IP in the stack is only a NAT gateway's outbound address: no VM, scale set or network interface "
+        "holds one.",
+        severity="high", frameworks=["CIS"], check=check_public_ips,
+        remediation="Remove the public IP from the network interface (or VM/scale set network configuration) and "
+                    "give its subnet a NAT gateway whose publicIpAddresses name the address; reach VMs from the "
+                    "VNet or through Azure Bastion."),
     resource_policy(
         "azure-network-nsg-no-internet-inbound", "Network security groups allow nothing inbound from the internet.",
         types=[AZ_NSG, AZ_SECURITY_RULE], severity="critical", frameworks=["CIS"], check=check_nsg_inbound,

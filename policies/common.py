@@ -121,13 +121,23 @@ def as_list(value: Any) -> list:
 
 
 def tags_of(props: dict) -> dict:
-    """Resource tags as a dict: maps, and autoscaling-group style [{key, value}] lists."""
+    """Resource tags as a dict ({} when there are none or they are not a map)."""
     tags = props.get("tags")
-    if isinstance(tags, dict):
-        return {k: v for k, v in tags.items()}
-    if isinstance(tags, list):
-        return {t.get("key"): t.get("value") for t in tags if isinstance(t, dict)}
-    return {}
+    return dict(tags) if isinstance(tags, dict) else {}
+
+
+AWS_MANAGED_KEY = ("alias/aws/",)
+
+
+def aws_managed_key(key: Any) -> bool:
+    """A KMS key reference naming an AWS managed key (alias/aws/<service>, as an alias or an alias ARN)."""
+    return isinstance(key, str) and (key.startswith(AWS_MANAGED_KEY) or ":alias/aws/" in key)
+
+
+def type_chain(urn: str) -> list[str]:
+    """The types in a URN's qualified type, outermost parent first: `urn:pulumi:s::p::A$B::n` -> [A, B]."""
+    parts = urn.split("::", 3)
+    return parts[2].split("$") if len(parts) == 4 else []
 
 
 # --- stack context ---------------------------------------------------------------------------------
@@ -176,7 +186,7 @@ def _resource(r) -> Resource:
 
 
 class Stack:
-    """The resources of a stack, indexed for linking through dependencies."""
+    """The resources of a stack, indexed for linking through dependencies and parents."""
 
     def __init__(self, resources: Iterable[Resource]):
         self.resources = list(resources)
@@ -184,6 +194,25 @@ class Stack:
 
     def of(self, *types: str) -> list[Resource]:
         return [r for r in self.resources if r.type in types]
+
+    def children(self, parent: Resource, types: Iterable[str]) -> list[Resource]:
+        """Resources of `types` whose parent is `parent` (a component's own resources)."""
+        types = set(types)
+        return [r for r in self.resources if r.type in types and r.parent == parent.urn]
+
+    def parent_of(self, resource: Resource) -> Optional[Resource]:
+        return self.by_urn.get(resource.parent) if resource.parent else None
+
+    def under(self, resource: Resource, component_type: str) -> Optional[Resource]:
+        """The nearest ancestor of `component_type` in this stack, else None."""
+        seen = set()
+        parent = self.parent_of(resource)
+        while parent is not None and parent.urn not in seen:
+            if parent.type == component_type:
+                return parent
+            seen.add(parent.urn)
+            parent = self.parent_of(parent)
+        return None
 
     def referrers(self, target: Resource, types: Iterable[str], *prop_names: str) -> list[Resource]:
         """Resources of `types` that depend on `target` through `prop_names` (any dependency if none)."""
@@ -203,6 +232,11 @@ class Context:
     config: dict
     provider: dict = field(default_factory=dict)
     resource_type: str = ""
+    urn: str = ""
+
+    def within(self, component_type: str) -> bool:
+        """The resource was created under a component of `component_type` (read from its URN)."""
+        return component_type in type_chain(self.urn)[:-1]
 
     def classification(self, props: Optional[dict] = None) -> Optional[str]:
         """The resource's data-classification tag, else the stack's gpufleet:dataClassification."""
@@ -260,7 +294,7 @@ def resource_policy(name: str, description: str, *, types: Iterable[str] | str, 
             return
         ctx = Context(config={**defaults, **(args.get_config() or {})},
                       provider=plain(args.provider.props) if args.provider is not None else {},
-                      resource_type=args.resource_type)
+                      resource_type=args.resource_type, urn=args.urn)
         for message in check(plain(args.props), ctx):
             report_violation(message, None)
 

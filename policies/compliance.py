@@ -5,11 +5,15 @@ gpufleet:dataClassification (the pack reads stack config as the Pulumi CLI passe
 """
 from __future__ import annotations
 
-from infra.catalog import CATALOG
-from policies.common import UNKNOWN, Stack, eu_regions, get, items, resource_policy, stack_policy, tags_of
-from policies.tokens import (ASG, AZ_NSG, AZ_STORAGE, AZ_VMSS, BUCKET, BUCKET_LOGGING, BUCKET_SSE, EBS_VOLUME,
-                             FLOW_LOG, INSTANCE, KMS_KEY, LAUNCH_TEMPLATE, LOG_GROUP, PLACEMENT_GROUP,
-                             SECURITY_GROUP, SQS_QUEUE, SUBNET, VPC)
+from infra.catalog import CATALOG, controller_types
+from policies.common import (UNKNOWN, Stack, aws_managed_key, eu_regions, get, items, resource_policy, stack_policy,
+                             tags_of)
+from policies.tokens import (AZ_AVSET, AZ_CONTROLLER, AZ_KEY_VAULT, AZ_NAT_GATEWAY, AZ_NIC, AZ_NSG, AZ_PARTITION,
+                             AZ_PRIVATE_ENDPOINT, AZ_PRIVATE_ZONE, AZ_PUBLIC_IP, AZ_REGISTRY, AZ_SECRET, AZ_STORAGE,
+                             AZ_VM, AZ_VMSS, BUCKET, BUCKET_LOGGING, BUCKET_SSE, CONTROLLER, EBS_VOLUME,
+                             EFS_FILE_SYSTEM, FLOW_LOG, INSTANCE, KMS_KEY, LAUNCH_TEMPLATE, LOG_GROUP,
+                             NETWORK_INTERFACE, PARTITION, PLACEMENT_GROUP, SECRET, SECURITY_GROUP, SQS_QUEUE, SUBNET,
+                             VPC)
 
 GLOBAL_LOCATIONS = ("global",)
 GLOBAL_AWS = ("aws:iam/", "aws:budgets/", "aws:organizations/", "aws:route53/", "aws:cloudfront/")  # no region
@@ -17,13 +21,21 @@ REGIONS = {"aws": eu_regions("aws"), "azure-native": eu_regions("azure-native")}
 ALL_REGIONS = {r for regions in REGIONS.values() for r in regions}
 # Default PHI-approved types: the datacenter training GPUs (A100, H100, H200) the compliance review covered.
 HIPAA_ELIGIBLE = sorted(n for n, t in CATALOG.items() if t.gpu_model in ("A100", "H100", "H200"))
-AWS_MANAGED_KEYS = ("alias/aws/",)
+# Default sizes for the Slurm controller of a phi stack: the catalog's controller sizes (general purpose, on demand),
+# the only ones the stack config accepts. Compliance narrows the list in the policy config.
+HIPAA_CONTROLLER_ELIGIBLE = controller_types("aws")
+HIPAA_AZURE_CONTROLLER_ELIGIBLE = controller_types("azure")
+# A controller instance or VM: its type and the component it is created under.
+CONTROLLERS = {INSTANCE: CONTROLLER, AZ_VM: AZ_CONTROLLER}
 CMK_TYPES = {"aws": [*BUCKET, *BUCKET_SSE, SQS_QUEUE, LOG_GROUP, LAUNCH_TEMPLATE, EBS_VOLUME], "azure": [AZ_STORAGE]}
 TAGGABLE = {
-    "aws": {*BUCKET, LAUNCH_TEMPLATE, ASG, INSTANCE, EBS_VOLUME, SUBNET, VPC, FLOW_LOG, SECURITY_GROUP,
-            PLACEMENT_GROUP, KMS_KEY, SQS_QUEUE, LOG_GROUP, "aws:iam/role:Role", "aws:iam/policy:Policy"},
-    "azure-native": {AZ_STORAGE, AZ_VMSS, AZ_NSG, "azure-native:resources:ResourceGroup",
-                     "azure-native:network:VirtualNetwork", "azure-native:managedidentity:UserAssignedIdentity"},
+    "aws": {*BUCKET, LAUNCH_TEMPLATE, INSTANCE, EBS_VOLUME, SUBNET, VPC, FLOW_LOG, SECURITY_GROUP, NETWORK_INTERFACE,
+            PLACEMENT_GROUP, KMS_KEY, SQS_QUEUE, LOG_GROUP, SECRET, EFS_FILE_SYSTEM, "aws:iam/role:Role",
+            "aws:iam/policy:Policy"},
+    "azure-native": {AZ_STORAGE, AZ_VM, AZ_VMSS, AZ_AVSET, AZ_NSG, AZ_NIC, AZ_NAT_GATEWAY, AZ_PUBLIC_IP,
+                     AZ_PRIVATE_ENDPOINT, AZ_PRIVATE_ZONE, AZ_KEY_VAULT, AZ_SECRET, AZ_REGISTRY,
+                     "azure-native:resources:ResourceGroup", "azure-native:network:VirtualNetwork",
+                     "azure-native:managedidentity:UserAssignedIdentity"},
 }
 
 
@@ -47,18 +59,28 @@ def gdpr_residency(cloud: str):
 
 
 def instance_types(props: dict, resource_type: str) -> list:
+    """The instance types / VM sizes a resource runs: a Slurm partition's instanceTypes (and an Azure one's
+    vmSize), a scale set's SKU (none for an empty Flexible set), a VM's hardwareProfile.vmSize, a launch template's
+    or an instance's instanceType."""
     if resource_type == AZ_VMSS:
         return [get(props, "sku", "name")]
-    overrides = items(get(props, "mixedInstancesPolicy", "launchTemplate", "overrides", default=[]))
-    return [props.get("instanceType")] + [get(o, "instanceType") for o in overrides]
+    if resource_type == AZ_VM:
+        return [get(props, "hardwareProfile", "vmSize")]
+    if resource_type in (PARTITION, AZ_PARTITION):
+        return items(props.get("instanceTypes")) + [props.get("vmSize")]
+    return [props.get("instanceType")]
 
 
 def check_hipaa_types(props: dict, ctx):
     if ctx.classification(props) not in ctx.config["classifications"]:
         return
-    for name in instance_types(props, ctx.resource_type):
-        if isinstance(name, str) and name not in ctx.config["eligibleTypes"]:
-            yield f"{name} is not on the list of types approved for {ctx.classification(props)} data"
+    controller = ctx.resource_type in CONTROLLERS and ctx.within(CONTROLLERS[ctx.resource_type])
+    allowed = set(ctx.config["eligibleTypes"]) | (set(ctx.config.get("eligibleControllerTypes", ())) if controller
+                                                  else set())
+    what = "the Slurm controller's type " if controller else ""
+    for name in dict.fromkeys(instance_types(props, ctx.resource_type)):
+        if isinstance(name, str) and name not in allowed:
+            yield f"{what}{name} is not on the list of types approved for {ctx.classification(props)} data"
 
 
 def _cmk_gaps(props: dict, resource_type: str) -> list[str]:
@@ -84,8 +106,7 @@ def _cmk_gaps(props: dict, resource_type: str) -> list[str]:
     else:
         return []
     return [f"{what} uses {'an AWS managed key' if key else 'no customer-managed key'}"
-            for what, key in keys
-            if key is not UNKNOWN and (not key or (isinstance(key, str) and key.startswith(AWS_MANAGED_KEYS)))]
+            for what, key in keys if key is not UNKNOWN and (not key or aws_managed_key(key))]
 
 
 def cmk_encryption(cloud: str):
@@ -132,6 +153,12 @@ _TAGS = {"requiredTags": {"type": "array", "items": {"type": "string"},
                           "description": "Tags every taggable resource must carry (non-empty)."}}
 _TYPES = {**_HIPAA, "eligibleTypes": {"type": "array", "items": {"type": "string"}, "default": HIPAA_ELIGIBLE,
                                       "description": "Instance types / VM sizes approved for PHI."}}
+_AWS_TYPES = {**_TYPES, "eligibleControllerTypes": {
+    "type": "array", "items": {"type": "string"}, "default": HIPAA_CONTROLLER_ELIGIBLE,
+    "description": "Instance types approved for the Slurm controller of a PHI stack (besides eligibleTypes)."}}
+_AZURE_TYPES = {**_TYPES, "eligibleControllerTypes": {
+    "type": "array", "items": {"type": "string"}, "default": HIPAA_AZURE_CONTROLLER_ELIGIBLE,
+    "description": "VM sizes approved for the Slurm controller of a PHI stack (besides eligibleTypes)."}}
 
 POLICIES = [
     *[resource_policy(
@@ -143,16 +170,21 @@ POLICIES = [
       for prefix, cloud in (("aws", "aws"), ("azure", "azure-native"))],
     resource_policy(
         "aws-ec2-instancetype-hipaa-eligible",
-        "phi stacks run only instance types on the HIPAA-approved list.",
-        types=[LAUNCH_TEMPLATE, INSTANCE, ASG], severity="high", frameworks=["HIPAA"], check=check_hipaa_types,
-        config=_TYPES,
-        remediation="Use an approved type (default: A100/H100/H200 types) or have compliance add the type to "
-                    "eligibleTypes in the policy config."),
+        "phi stacks run only instance types on the HIPAA-approved list (Slurm partitions, launch templates, "
+        "instances).",
+        types=[PARTITION, LAUNCH_TEMPLATE, INSTANCE], severity="high", frameworks=["HIPAA"], check=check_hipaa_types,
+        config=_AWS_TYPES,
+        remediation="Use an approved type in every partition (default: A100/H100/H200 types) and an approved "
+                    "controller type (default: the catalog's controller sizes), or have compliance add the type to "
+                    "eligibleTypes (eligibleControllerTypes for the controller) in the policy config."),
     resource_policy(
         "azure-compute-vmsize-hipaa-eligible",
-        "phi stacks run only VM sizes on the HIPAA-approved list.",
-        types=[AZ_VMSS], severity="high", frameworks=["HIPAA"], check=check_hipaa_types, config=_TYPES,
-        remediation="Use an approved ND size or have compliance add the size to eligibleTypes."),
+        "phi stacks run only VM sizes on the HIPAA-approved list (Slurm partitions, VMs, scale sets).",
+        types=[AZ_PARTITION, AZ_VM, AZ_VMSS], severity="high", frameworks=["HIPAA"], check=check_hipaa_types,
+        config=_AZURE_TYPES,
+        remediation="Use an approved ND size in every partition (default: A100/H100/H200 sizes) and an approved "
+                    "controller size (default: the catalog's controller sizes), or have compliance add the size to "
+                    "eligibleTypes (eligibleControllerTypes for the controller) in the policy config."),
     stack_policy(
         "aws-kms-phi-cmk-encryption",
         "phi data at rest (S3, SQS, logs, EBS) is encrypted with a customer-managed KMS key.",
@@ -161,9 +193,12 @@ POLICIES = [
                     "never alias/aws/* managed keys. (S3 access-log buckets keep SSE-S3: S3 requires it.)"),
     stack_policy(
         "azure-storage-account-phi-cmk",
-        "phi storage accounts encrypt with a customer-managed Key Vault key.",
+        "phi storage accounts (blob and queue data, the FileStorage account of the NFS shares) encrypt with a "
+        "customer-managed Key Vault key.",
         severity="high", frameworks=["HIPAA"], check=cmk_encryption("azure"), config=_HIPAA,
-        remediation="Set encryption.keySource 'Microsoft.Keyvault' with keyVaultProperties and a user-assigned identity."),
+        remediation="Set encryption.keySource 'Microsoft.Keyvault' with keyVaultProperties and a user-assigned "
+                    "identity on every storage account, the FileStorage account of /home and slurmctld's state "
+                    "included (Azure Files takes a customer-managed key the same way)."),
     *[resource_policy(
         f"{prefix}-any-resource-cost-tags",
         "Taggable resources carry the required cost-allocation tags.",

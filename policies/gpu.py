@@ -1,18 +1,24 @@
-"""GPU cluster guardrails: EFA layout and security groups, cluster placement, spot handling, quota, scale-to-zero.
+"""GPU cluster guardrails: EFA layout and security groups, cluster placement, GPU quota, scale-to-zero, cost.
 
-Instance facts (GPUs, EFA interfaces) come from `infra.catalog`. Auto scaling groups, launch templates,
-placement groups, security groups and lifecycle hooks are linked through property dependencies.
+Instance facts (GPUs, EFA interfaces) come from `infra.catalog`. On AWS the GPU nodes are Slurm CLOUD nodes that
+the controller launches with EC2 CreateFleet: each Slurm partition is a `gpufleet:aws:Partition` component whose
+properties say what it is (instance types, maxNodes, alwaysOn, spot, onDemandBase, gang, subnetIds) and whose
+children are its launch template and, for a multi-node gang, its cluster placement group (linked by parent URN).
+Security groups are linked to launch templates through property dependencies. Azure's partitions are
+`gpufleet:azure:Partition` components with the same properties (and vmSize); their GPU quota, scale to zero and
+monthly ceiling are judged here the same way. Tencent's (in CNY) are in tencent_rules.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from infra.catalog import CATALOG
 from policies.common import (UNKNOWN, Resource, Stack, flag, get, items, number, resource_policy, stack_policy,
                              stack_value)
-from policies.tokens import (ASG, AZ_AUTOSCALE, AZ_VMSS, LAUNCH_TEMPLATE, LIFECYCLE_HOOK, PLACEMENT_GROUP,
-                            SECURITY_GROUP, SG_EGRESS_RULE, SG_INGRESS_RULE, SG_RULE)
+from policies.tokens import (AZ_PARTITION, LAUNCH_TEMPLATE, PARTITION, PLACEMENT_GROUP, SECURITY_GROUP,
+                             SG_EGRESS_RULE, SG_INGRESS_RULE, SG_RULE)
 
 EFA_KINDS = ("efa", "efa-only")
-TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 _GPU = ["gpufleet-gpu"]
 
 
@@ -45,36 +51,63 @@ def efa_layout_problems(instance_type: str, nics: list) -> list[str]:
     return problems
 
 
-def monthly_max_usd(instance_types: list[str], max_nodes: float, spot: bool) -> float:
-    """Worst-case monthly cost of a group at its maximum size, priced by its dearest type."""
+def monthly_max_usd(instance_types: list[str], max_nodes: float, spot: bool, on_demand_base: float = 0) -> float:
+    """Worst-case monthly cost of a node group at its maximum size, priced by its dearest type in the catalog's
+    currency (USD on AWS and Azure, CNY on Tencent): with `spot`, the first `on_demand_base` nodes at the on-demand
+    price and the rest at the spot price."""
     rows = [CATALOG[t] for t in instance_types if t in CATALOG]
     if not rows:
         return 0.0
-    hourly = max(r.spot_price_hour if spot else r.price_hour for r in rows)
-    return hourly * max_nodes * 730
+    on_demand = min(max(on_demand_base, 0), max_nodes) if spot else max_nodes
+    hourly = (max(r.price_hour for r in rows) * on_demand
+              + max(r.spot_price_hour for r in rows) * (max_nodes - on_demand))
+    return hourly * 730
 
 
-# --- linking ---------------------------------------------------------------------------------------
+# --- partitions ------------------------------------------------------------------------------------
 
-def templates_of(stack: Stack, asg: Resource) -> list[Resource]:
-    return stack.targets(asg, [LAUNCH_TEMPLATE], "launchTemplate", "mixedInstancesPolicy")
-
-
-def groups_of(stack: Stack, template: Resource) -> list[Resource]:
-    return stack.referrers(template, [ASG], "launchTemplate", "mixedInstancesPolicy")
-
-
-def group_types(stack: Stack, asg: Resource) -> list[str]:
-    overrides = items(get(asg.props, "mixedInstancesPolicy", "launchTemplate", "overrides", default=[]))
-    types = [get(o, "instanceType") for o in overrides]
-    types += [t.props.get("instanceType") for t in templates_of(stack, asg)]
+def partition_types(part: Resource) -> list[str]:
+    """A partition's instance types (AWS, Tencent) or VM sizes (Azure: instanceTypes and vmSize)."""
+    types = items(part.props.get("instanceTypes")) + [part.props.get("vmSize")]
     return [t for t in dict.fromkeys(types) if isinstance(t, str)]
 
 
+def partition_label(part: Resource) -> str:
+    name = part.props.get("partition")
+    return f"partition '{name}'" if isinstance(name, str) else f"partition '{part.name}'"
+
+
+def is_gang(props: dict) -> Optional[bool]:
+    """A partition's gang flag (missing means a queue partition); None while unknown."""
+    value = props.get("gang")
+    if value is None:
+        return False
+    return flag(value)
+
+
+def is_multi_node_gang(part: Resource) -> bool:
+    size = number(part.props.get("maxNodes"))
+    return is_gang(part.props) is True and size is not None and size > 1
+
+
+def templates_of(stack: Stack, part: Resource) -> list[Resource]:
+    return stack.children(part, [LAUNCH_TEMPLATE])
+
+
+def placement_groups_of(stack: Stack, part: Resource) -> list[Resource]:
+    """The partition's placement groups: its own children, and any its launch templates name (placement)."""
+    groups = stack.children(part, [PLACEMENT_GROUP])
+    for template in templates_of(stack, part):
+        groups += stack.targets(template, [PLACEMENT_GROUP], "placement")
+    return list({g.urn: g for g in groups}.values())
+
+
 def template_types(stack: Stack, template: Resource) -> list[str]:
+    """The instance types a launch template starts: its own, and those of the partition it belongs to."""
     types = [template.props.get("instanceType")]
-    for asg in groups_of(stack, template):
-        types += group_types(stack, asg)
+    part = stack.parent_of(template)
+    if part is not None and part.type == PARTITION:
+        types += partition_types(part)
     return [t for t in dict.fromkeys(types) if isinstance(t, str)]
 
 
@@ -82,30 +115,33 @@ def efa_nics(template: Resource) -> list:
     return [n for n in items(template.props.get("networkInterfaces")) if get(n, "interfaceType") in EFA_KINDS]
 
 
-def is_spot(stack: Stack, asg: Resource) -> bool:
-    share = number(get(asg.props, "mixedInstancesPolicy", "instancesDistribution",
-                       "onDemandPercentageAboveBaseCapacity"))
-    if get(asg.props, "mixedInstancesPolicy") is not None and share is not None and share < 100:
+def uses_efa(stack: Stack, part: Resource) -> bool:
+    """The partition's nodes talk over EFA: its launch template attaches EFA interfaces or, with no template of
+    its own in this stack, its properties count EFA interfaces or its instance types have EFA."""
+    templates = templates_of(stack, part)
+    if templates:
+        return any(efa_nics(t) for t in templates)
+    if (number(part.props.get("efaInterfaces")) or 0) > 0:
         return True
-    return any(get(t.props, "instanceMarketOptions", "marketType") == "spot" for t in templates_of(stack, asg))
+    return any(CATALOG[t].efa for t in partition_types(part) if t in CATALOG)
 
 
 # --- checks ----------------------------------------------------------------------------------------
 
 def check_efa_layout(stack: Stack, ctx):
-    gang = stack_value("gpufleet:mode") == "gang"
     for template in stack.of(LAUNCH_TEMPLATE):
         nics = template.props.get("networkInterfaces")
         if nics is UNKNOWN:
             continue
+        part = stack.parent_of(template)
+        multi = part is not None and part.type == PARTITION and is_multi_node_gang(part)
         for instance_type in template_types(stack, template):
             for problem in efa_layout_problems(instance_type, items(nics)):
                 yield f"launch template '{template.name}': {problem}", template.urn
             row = CATALOG.get(instance_type)
-            multi = any((number(g.props.get("maxSize")) or 0) > 1 for g in groups_of(stack, template))
-            if gang and multi and row is not None and row.efa and not efa_nics(template):
-                yield (f"launch template '{template.name}': multi-node gang group on {instance_type} "
-                       f"attaches none of its {row.max_efa} EFA interfaces"), template.urn
+            if multi and row is not None and row.efa and not efa_nics(template):
+                yield (f"launch template '{template.name}': multi-node gang {partition_label(part)} on "
+                       f"{instance_type} attaches none of its {row.max_efa} EFA interfaces"), template.urn
 
 
 def _self_rule(stack: Stack, sg: Resource, direction: str) -> bool:
@@ -138,126 +174,112 @@ def check_efa_security_group(stack: Stack, ctx):
                f"in from and out to themselves"), template.urn
 
 
-def uses_efa(stack: Stack, asg: Resource) -> bool:
-    """The group's nodes talk over EFA: its launch template attaches EFA interfaces or, with the template
-    outside this stack, its instance types have EFA."""
-    templates = templates_of(stack, asg)
-    if templates:
-        return any(efa_nics(t) for t in templates)
-    return any(CATALOG[t].efa for t in group_types(stack, asg) if t in CATALOG)
-
-
 def check_efa_cluster(stack: Stack, ctx):
-    if stack_value("gpufleet:mode") == "queue":  # independent single-node jobs: no collective traffic
-        return
-    for asg in stack.of(ASG):
-        max_size = number(asg.props.get("maxSize"))
-        if max_size is None or max_size <= 1 or not uses_efa(stack, asg):
+    for part in stack.of(PARTITION):
+        if not is_multi_node_gang(part) or not uses_efa(stack, part):
             continue
-        groups = stack.targets(asg, [PLACEMENT_GROUP], "placementGroup")
-        if asg.props.get("placementGroup") is None:
-            yield f"multi-node EFA group '{asg.name}' has no placement group", asg.urn
+        label = partition_label(part)
+        groups = placement_groups_of(stack, part)
+        if not groups:
+            yield f"multi-node EFA gang {label} has no cluster placement group", part.urn
+        elif len(groups) > 1:
+            yield (f"multi-node EFA gang {label} has {len(groups)} placement groups "
+                   f"({', '.join(g.name for g in groups)}); its nodes must share one"), part.urn
         for group in groups:
             if group.props.get("strategy") not in ("cluster", UNKNOWN):
-                yield (f"placement group '{group.name}' of '{asg.name}' uses strategy "
-                       f"{group.props.get('strategy')}, not cluster"), asg.urn
-        subnets, zones = asg.props.get("vpcZoneIdentifiers"), asg.props.get("availabilityZones")
-        for label, value in (("subnets", subnets), ("availability zones", zones)):
-            if isinstance(value, list) and len(value) > 1:
-                yield (f"multi-node EFA group '{asg.name}' spans {len(value)} {label}; "
-                       f"EFA needs one subnet in one AZ"), asg.urn
+                yield (f"placement group '{group.name}' of {label} uses strategy "
+                       f"{group.props.get('strategy')}, not cluster"), part.urn
+        subnets = part.props.get("subnetIds")
+        if isinstance(subnets, list) and len(subnets) != 1:
+            yield (f"multi-node EFA gang {label} launches into {len(subnets)} subnets; "
+                   f"EFA needs exactly one subnet in one AZ"), part.urn
 
 
-def check_spot_lifecycle(stack: Stack, ctx):
-    for asg in stack.of(ASG):
-        if not any(t in CATALOG for t in group_types(stack, asg)) or not is_spot(stack, asg):
-            continue
-        if asg.props.get("capacityRebalance") is not UNKNOWN and flag(asg.props.get("capacityRebalance")) is not True:
-            yield f"spot GPU group '{asg.name}' does not enable capacityRebalance", asg.urn
-        if asg.props.get("initialLifecycleHooks") is UNKNOWN:
-            continue
-        hooks = [h for h in items(asg.props.get("initialLifecycleHooks")) if isinstance(h, dict)]
-        hooks += [h.props for h in stack.referrers(asg, [LIFECYCLE_HOOK], "autoscalingGroupName")]
-        if not any(h.get("lifecycleTransition") == TERMINATING for h in hooks):
-            yield f"spot GPU group '{asg.name}' has no {TERMINATING} lifecycle hook to checkpoint before shutdown", asg.urn
-
-
-def _autoscale_capacity(stack: Stack, vmss: Resource, bound: str) -> list[float]:
-    settings = stack.referrers(vmss, [AZ_AUTOSCALE], "targetResourceUri")
-    return [number(get(p, "capacity", bound)) for s in settings for p in items(s.props.get("profiles"))]
-
-
-def group_sizes(stack: Stack, group_type: str) -> list[tuple[Resource, list[str], float]]:
-    """(group, instance types, maximum node count) for every ASG or VMSS whose size is known."""
+def group_sizes(stack: Stack, part_type: str) -> list[tuple[Resource, list[str], float]]:
+    """(partition, instance types, maximum node count) for every Slurm partition of `part_type` whose size is known."""
     out = []
-    for asg in stack.of(ASG) if group_type == ASG else []:
-        size = number(asg.props.get("maxSize"))
+    for part in stack.of(part_type):
+        size = number(part.props.get("maxNodes"))
         if size is not None:
-            out.append((asg, group_types(stack, asg), size))
-    for vmss in stack.of(AZ_VMSS) if group_type == AZ_VMSS else []:
-        sizes = [s for s in _autoscale_capacity(stack, vmss, "maximum") if s is not None]
-        sizes.append(number(get(vmss.props, "sku", "capacity")) or 0)
-        sku = get(vmss.props, "sku", "name")
-        out.append((vmss, [sku] if isinstance(sku, str) else [], max(sizes)))
+            out.append((part, partition_types(part), size))
     return out
 
 
+def _label(group: Resource) -> str:
+    return group.props.get("partition") if isinstance(group.props.get("partition"), str) else group.name
+
+
 def _detail(groups) -> str:
-    return ", ".join(f"{g.name}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
+    return ", ".join(f"{_label(g)}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
 
 
-def gpu_quota(group_type: str):
+def _gpus(group: Resource, types: list[str]) -> float:
+    """GPUs of a node: the dearest catalog type's, else the partition's own gpusPerNode."""
+    known = [CATALOG[t].gpus for t in types if t in CATALOG]
+    return max(known) if known else (number(group.props.get("gpusPerNode")) or 0)
+
+
+def gpu_quota(part_type: str):
+    """A stack check: the partitions of `part_type` at their maximum size stay within ctx.config's maxGpus."""
     def check(stack: Stack, ctx):
-        groups = [(g, types, size) for g, types, size in group_sizes(stack, group_type)
-                  if any(t in CATALOG for t in types)]
-        total = sum(size * max(CATALOG[t].gpus for t in types if t in CATALOG) for _, types, size in groups)
+        groups = [(g, types, size) for g, types, size in group_sizes(stack, part_type) if _gpus(g, types)]
+        total = sum(size * _gpus(g, types) for g, types, size in groups)
         if total > ctx.config["maxGpus"]:
-            yield (f"GPU groups can reach {total:g} GPUs, over the quota of {ctx.config['maxGpus']:g} "
+            yield (f"GPU partitions can reach {total:g} GPUs, over the quota of {ctx.config['maxGpus']:g} "
                    f"({_detail(groups)})"), groups[0][0].urn
     return check
 
 
-def check_queue_scale_to_zero(props: dict, ctx):
-    if stack_value("gpufleet:mode") != "queue":
+def check_partition_scale_to_zero(props: dict, ctx):
+    if is_gang(props) is not False:
         return
-    size = number(props.get("minSize"))
-    if size is not None and size > 0:
-        yield f"queue-mode group keeps minSize {size:g} nodes running when the queue is empty"
+    floor = number(props.get("alwaysOn"))
+    if floor:
+        name = props.get("partition")
+        label = f"queue partition '{name}'" if isinstance(name, str) else "queue partition"
+        yield f"{label} keeps {floor:g} node(s) powered up (alwaysOn) when no job needs them"
 
 
-def check_vmss_scale_to_zero(stack: Stack, ctx):
-    if stack_value("gpufleet:mode") != "queue":
-        return
-    for vmss in stack.of(AZ_VMSS):
-        minimums = [m for m in _autoscale_capacity(stack, vmss, "minimum") if m is not None]
-        floor = min(minimums) if minimums else number(get(vmss.props, "sku", "capacity"))
-        if floor:
-            yield f"queue-mode scale set '{vmss.name}' keeps at least {floor:g} nodes running", vmss.urn
+def partition_monthly(part: Resource, types: list[str], size: float) -> float:
+    """A partition's worst month at its maximum size (catalog currency): its first onDemandBase nodes on demand,
+    the rest at the spot price when it runs spot."""
+    spot = flag(part.props.get("spot")) is True
+    return monthly_max_usd(types, size, spot, number(part.props.get("onDemandBase")) or 0)
 
 
-def monthly_ceiling(group_type: str):
+CURRENCY = {"USD": ("monthlyCeilingUsd", "gpufleet:budgetMonthlyUsd", "$"),
+            "CNY": ("monthlyCeilingCny", "gpufleet:budgetMonthlyCny", "¥")}
+
+
+def monthly_ceiling(part_type: str, currency: str = "USD"):
+    """A stack check: the partitions of `part_type` at their maximum size cost less a month than the ceiling (policy
+    config, else the stack's budget in `currency`, the catalog's currency for the cloud)."""
+    config_key, budget_key, symbol = CURRENCY[currency]
+
     def check(stack: Stack, ctx):
-        ceiling = number(ctx.config.get("monthlyCeilingUsd") or stack_value("gpufleet:budgetMonthlyUsd"))
+        ceiling = number(ctx.config.get(config_key) or stack_value(budget_key))
         if not ceiling:
             return
-        spot = flag(stack_value("gpufleet:spot")) is True
-        groups = group_sizes(stack, group_type)
-        cost = sum(monthly_max_usd(types, size, spot) for _, types, size in groups)
+        groups = group_sizes(stack, part_type)
+        cost = sum(partition_monthly(g, types, size) for g, types, size in groups)
         if cost > ceiling:
-            yield (f"GPU groups at their maximum size cost about ${cost:,.0f}/month, over the "
-                   f"${ceiling:,.0f} ceiling ({_detail(groups)})"), groups[0][0].urn
+            yield (f"GPU partitions at their maximum size cost about {symbol}{cost:,.0f}/month, over the "
+                   f"{symbol}{ceiling:,.0f} ceiling ({_detail(groups)})"), groups[0][0].urn
     return check
 
 
 _QUOTA = {"maxGpus": {"type": "integer", "minimum": 0, "default": 64,
-                      "description": "Most GPUs all groups of the stack may reach together."}}
+                      "description": "Most GPUs all partitions of the stack may reach together."}}
+_CEILING = {"monthlyCeilingUsd": {"type": "number", "minimum": 0,
+                                  "description": "Monthly ceiling in USD; defaults to gpufleet:budgetMonthlyUsd."}}
 POLICIES = [
     stack_policy(
         "aws-ec2-launchtemplate-efa-layout",
         "Launch templates attach either the instance type's full EFA set, one per network card, or none.",
         severity="high", frameworks=_GPU, check=check_efa_layout,
         remediation="Attach one interface per network card 0..N-1 (N = the type's EFA count): card 0 deviceIndex 0 "
-                    "interfaceType 'efa', the others deviceIndex 1 'efa-only' (or 'efa'); derive them from infra.catalog."),
+                    "interfaceType 'efa', the others deviceIndex 1 'efa-only' (or 'efa'); derive them from "
+                    "infra.catalog for every instance type of the partition."),
     stack_policy(
         "aws-ec2-securitygroup-efa-self-traffic",
         "Security groups on EFA interfaces allow all traffic in from and out to themselves.",
@@ -265,45 +287,45 @@ POLICIES = [
         remediation="Add an ingress and an egress rule with protocol '-1' referencing the security group itself "
                     "(self true, or SecurityGroupIngress/EgressRule with referencedSecurityGroupId)."),
     stack_policy(
-        "aws-autoscaling-group-efa-cluster",
-        "Multi-node EFA groups of gang stacks launch into one cluster placement group in one subnet.",
+        "aws-slurm-partition-efa-cluster",
+        "Multi-node EFA gang partitions launch into one cluster placement group in exactly one subnet.",
         severity="high", frameworks=_GPU, check=check_efa_cluster,
-        remediation="Create an aws.ec2.PlacementGroup with strategy 'cluster', pass it as placementGroup, and give "
-                    "the group exactly one subnet in vpcZoneIdentifiers."),
+        remediation="Give the partition one child aws.ec2.PlacementGroup with strategy 'cluster' (the node provider "
+                    "passes it to CreateFleet) and exactly one subnet in subnetIds."),
     stack_policy(
-        "aws-autoscaling-group-spot-lifecycle",
-        "Spot GPU groups rebalance capacity and hold a terminate lifecycle hook for the last checkpoint.",
-        severity="medium", frameworks=_GPU, check=check_spot_lifecycle,
-        remediation="Set capacityRebalance true and add an autoscaling:EC2_INSTANCE_TERMINATING lifecycle hook "
-                    "(heartbeat long enough to write a checkpoint) that the trainer agent completes."),
-    stack_policy(
-        "aws-autoscaling-group-gpu-quota",
-        "The stack's GPU groups together stay within the configured GPU quota.",
-        severity="medium", frameworks=_GPU, check=gpu_quota(ASG), config=_QUOTA,
-        remediation="Lower nodes.max or use a smaller type, or raise maxGpus in the policy config once the "
-                    "EC2 service quota for the instance family is raised."),
+        "aws-slurm-partition-gpu-quota",
+        "The stack's Slurm partitions at their maximum size together stay within the configured GPU quota.",
+        severity="medium", frameworks=_GPU, check=gpu_quota(PARTITION), config=_QUOTA,
+        remediation="Lower the partitions' nodes.max or use a smaller type, or raise maxGpus in the policy config "
+                    "once the EC2 service quota for the instance family is raised."),
     resource_policy(
-        "aws-autoscaling-group-queue-scale-to-zero",
-        "Queue-mode auto scaling groups can scale down to zero nodes.",
-        types=[ASG], severity="medium", frameworks=_GPU, check=check_queue_scale_to_zero, mandatory=False,
-        remediation="Set minSize 0 (nodes.min 0) so idle queue clusters cost nothing."),
+        "aws-slurm-partition-queue-scale-to-zero",
+        "Queue (non-gang) Slurm partitions power every node down when no job needs it.",
+        types=[PARTITION], severity="medium", frameworks=_GPU, check=check_partition_scale_to_zero, mandatory=False,
+        remediation="Set the partition's nodes.min 0 (alwaysOn 0) so an idle queue partition holds no GPU node."),
     stack_policy(
-        "azure-compute-vmss-queue-scale-to-zero",
-        "Queue-mode scale sets can scale down to zero nodes.",
-        severity="medium", frameworks=_GPU, check=check_vmss_scale_to_zero, mandatory=False,
-        remediation="Give the scale set's autoscale profile capacity.minimum '0'."),
+        "aws-slurm-partition-monthly-ceiling",
+        "The stack's Slurm partitions at their maximum size stay under the monthly cost ceiling.",
+        severity="low", frameworks=["gpufleet-cost"], check=monthly_ceiling(PARTITION), mandatory=False,
+        config=_CEILING,
+        remediation="Lower the partitions' nodes.max, use spot capacity or a cheaper type, or raise budgetMonthlyUsd."),
     stack_policy(
-        "azure-compute-vmss-gpu-quota",
-        "The stack's GPU scale sets together stay within the configured GPU quota.",
-        severity="medium", frameworks=_GPU, check=gpu_quota(AZ_VMSS), config=_QUOTA,
-        remediation="Lower nodes.max or raise maxGpus once the regional vCPU quota for the VM family is raised."),
-    *[stack_policy(
-        name,
-        "The stack's GPU groups at their maximum size stay under the monthly cost ceiling.",
-        severity="low", frameworks=["gpufleet-cost"], check=monthly_ceiling(group_type), mandatory=False,
-        config={"monthlyCeilingUsd": {"type": "number", "minimum": 0,
-                                      "description": "Monthly ceiling in USD; defaults to gpufleet:budgetMonthlyUsd."}},
-        remediation="Lower nodes.max, use spot capacity or a cheaper type, or raise budgetMonthlyUsd.")
-      for name, group_type in (("aws-autoscaling-group-monthly-ceiling", ASG),
-                               ("azure-compute-vmss-monthly-ceiling", AZ_VMSS))],
+        "azure-slurm-partition-gpu-quota",
+        "The stack's Slurm partitions at their maximum size together stay within the configured GPU quota.",
+        severity="medium", frameworks=_GPU, check=gpu_quota(AZ_PARTITION), config=_QUOTA,
+        remediation="Lower the partitions' nodes.max or use a smaller size, or raise maxGpus in the policy config "
+                    "once the regional vCPU quota for the VM family is raised."),
+    resource_policy(
+        "azure-slurm-partition-queue-scale-to-zero",
+        "Queue (non-gang) Slurm partitions power every node down when no job needs it.",
+        types=[AZ_PARTITION], severity="medium", frameworks=_GPU, check=check_partition_scale_to_zero,
+        mandatory=False,
+        remediation="Set the partition's nodes.min 0 (alwaysOn 0) so an idle queue partition holds no GPU VM."),
+    stack_policy(
+        "azure-slurm-partition-monthly-ceiling",
+        "The stack's Slurm partitions at their maximum size stay under the monthly cost ceiling.",
+        severity="low", frameworks=["gpufleet-cost"], check=monthly_ceiling(AZ_PARTITION), mandatory=False,
+        config=_CEILING,
+        remediation="Lower the partitions' nodes.max, use spot capacity (a smaller onDemandBase) or a cheaper size, "
+                    "or raise budgetMonthlyUsd."),
 ]

@@ -1,29 +1,40 @@
-"""Tencent Cloud guardrails: COS buckets, CAM policies, security groups, node disks and addresses, PIPL
-residency, and the GPU group (spot terminate hook, scale to zero, GPU quota, monthly ceiling in CNY).
+"""Tencent Cloud guardrails: COS buckets, CAM policies (no wildcards; bounded launch rights for the Slurm
+controller), security groups, node disks, addresses and logins, CFS file systems, SSM secrets (the munge key), PIPL
+residency, and the Slurm partitions (scale to zero, GPU quota, monthly ceiling in CNY).
 
 (Named tencent_rules like azure_rules: the policy host puts policies/ on sys.path.) Tencent resources
 carry no region: a resource is where its provider is, which is `tencentcloud:region` unless an explicit
 provider says otherwise. CAM and COS policy documents are version 2.0 with lower-case elements.
+
+On Tencent the GPU nodes are Slurm CLOUD nodes the controller launches with RunInstances from a partition's launch
+template: each Slurm partition is a `gpufleet:tencent:Partition` component whose properties say what it is
+(instance types, maxNodes, alwaysOn, spot, onDemandBase, gang, subnetIds) and whose child is its launch template;
+the controller is an instance under a `gpufleet:tencent:Controller` component.
 """
 from __future__ import annotations
 
-from infra.catalog import CATALOG
+import ipaddress
+from fnmatch import fnmatchcase
+
 from infra.config import MAINLAND_CHINA_REGIONS
-from policies.common import (UNKNOWN, Resource, Stack, as_list, flag, get, items, json_doc, number,
-                             resource_policy, stack_policy, stack_value, tags_of)
-from policies.tokens import (TC_BUCKET, TC_BUCKET_POLICY, TC_CAM_POLICY, TC_CAM_ROLE, TC_CBS, TC_CLS_TOPIC,
-                             TC_INSTANCE, TC_KMS_KEY, TC_LIFECYCLE_HOOK, TC_SCALING_CONFIG, TC_SCALING_GROUP,
-                             TC_SECURITY_GROUP, TC_SG_LITE_RULE, TC_SG_RULE, TC_SG_RULE_SET, TC_SUBNET, TC_VPC)
+from policies.common import (UNKNOWN, Stack, as_list, flag, get, items, json_doc, number, resource_policy,
+                             stack_policy, stack_value, tags_of)
+from policies.gpu import check_partition_scale_to_zero, gpu_quota, monthly_ceiling
+from policies.tokens import (TC_BUCKET, TC_BUCKET_POLICY, TC_CAM_POLICY, TC_CAM_ROLE, TC_CBS, TC_CFS_ACCESS_GROUP,
+                             TC_CFS_ACCESS_RULE, TC_CFS_FILE_SYSTEM, TC_CLS_TOPIC, TC_INSTANCE, TC_KMS_KEY,
+                             TC_LAUNCH_TEMPLATE, TC_PARTITION, TC_SECURITY_GROUP, TC_SG_LITE_RULE, TC_SG_RULE,
+                             TC_SG_RULE_SET, TC_SSM_SECRET, TC_SSM_SECRET_VERSION, TC_SUBNET, TC_VPC)
 
 PUBLIC_ACLS = ("public-read", "public-read-write")
 ENCRYPTIONS = ("KMS", "AES256", "SM4")
 WORLD = ("0.0.0.0/0", "::/0")
 ANYONE = "qcs::cam::anyone:anyone"
-TERMINATING = "INSTANCE_TERMINATING"
-SPOT = "SPOTPAID"
 GLOBAL_TYPES = ("tencentcloud:Cam/", "tencentcloud:Billing/")   # account-wide, no region
-TAGGABLE = {TC_VPC, TC_SUBNET, TC_SECURITY_GROUP, TC_BUCKET, TC_KMS_KEY, TC_CAM_ROLE, TC_SCALING_CONFIG,
-            TC_SCALING_GROUP, TC_INSTANCE, TC_CBS, TC_CLS_TOPIC}
+TAGGABLE = {TC_VPC, TC_SUBNET, TC_SECURITY_GROUP, TC_BUCKET, TC_KMS_KEY, TC_CAM_ROLE, TC_LAUNCH_TEMPLATE, TC_INSTANCE,
+            TC_CBS, TC_CLS_TOPIC, TC_CFS_FILE_SYSTEM, TC_SSM_SECRET}
+DEFAULT_PERMISSION_GROUP = "pgroupbasic"   # CFS's account-wide default permission group
+PLACEHOLDER = "unset"                      # what the stack writes into the munge key's first secret version
+STACK_TAG = "gpufleet-stack"
 
 
 # --- reading the resources -------------------------------------------------------------------------
@@ -43,26 +54,6 @@ def statements(doc) -> list[dict]:
 def log_targets(stack: Stack) -> set[str]:
     """URNs of buckets that receive another bucket's access logs."""
     return {u for b in stack.of(TC_BUCKET) for u in b.deps("logTargetBucket")}
-
-
-def config_of(stack: Stack, group: Resource) -> list[Resource]:
-    return stack.targets(group, [TC_SCALING_CONFIG], "configurationId")
-
-
-def group_types(stack: Stack, group: Resource) -> list[str]:
-    return [t for c in config_of(stack, group) for t in items(c.props.get("instanceTypes")) if isinstance(t, str)]
-
-
-def is_spot(stack: Stack, group: Resource) -> bool:
-    return any(c.props.get("instanceChargeType") == SPOT for c in config_of(stack, group))
-
-
-def monthly_max(instance_types: list[str], max_nodes: float, spot: bool) -> float:
-    """Worst-case month of a group at its maximum size, priced by its dearest type (catalog currency)."""
-    rows = [CATALOG[t] for t in instance_types if t in CATALOG]
-    if not rows:
-        return 0.0
-    return max(r.spot_price_hour if spot else r.price_hour for r in rows) * max_nodes * 730
 
 
 # --- checks ----------------------------------------------------------------------------------------
@@ -133,12 +124,31 @@ def check_access_logging(stack: Stack, ctx):
 
 
 def check_no_public_ip(props: dict, ctx):
-    for key in ("publicIpAssigned", "allocatePublicIp"):
-        if flag(props.get(key)) is True:
-            yield f"{key} is true: nodes must not have public addresses"
-    bandwidth = number(props.get("internetMaxBandwidthOut"))
+    """A launch template's internetAccessible, an instance's own settings: no public IP, no internet bandwidth."""
+    if ctx.resource_type == TC_LAUNCH_TEMPLATE:
+        settings, keys = props.get("internetAccessible"), ("publicIpAssigned",)
+        where = "internetAccessible."
+    else:
+        settings, keys, where = props, ("allocatePublicIp", "publicIpAssigned"), ""
+    if settings is UNKNOWN or not isinstance(settings, dict):
+        return
+    for key in keys:
+        if flag(settings.get(key)) is True:
+            yield f"{where}{key} is true: nodes must not have public addresses"
+    bandwidth = number(settings.get("internetMaxBandwidthOut"))
     if bandwidth:
-        yield f"internetMaxBandwidthOut is {bandwidth:g} Mbps: nodes get a public address with internet bandwidth"
+        yield (f"{where}internetMaxBandwidthOut is {bandwidth:g} Mbps: the machine gets a public address with "
+               f"internet bandwidth")
+
+
+def check_no_password(props: dict, ctx):
+    """A launch template's loginSettings, an instance's own: no login password."""
+    settings = props.get("loginSettings") if ctx.resource_type == TC_LAUNCH_TEMPLATE else props
+    where = "loginSettings." if ctx.resource_type == TC_LAUNCH_TEMPLATE else ""
+    if not isinstance(settings, dict):
+        return
+    if settings.get("password") not in (None, ""):
+        yield f"{where}password is set: machines log in with the image's login or SSH keys only"
 
 
 def _world_accepts(props: dict, resource_type: str) -> list[str]:
@@ -177,12 +187,14 @@ def check_cam_wildcards(props: dict, ctx):
 
 
 def _disk_gaps(props: dict, resource_type: str) -> list[str]:
-    if resource_type == TC_SCALING_CONFIG:
-        # A launch configuration's data disks have no encryption setting (AS API and provider).
-        return [f"launch configuration attaches {len(items(props.get('dataDisks')))} data disk(s), which Auto "
-                "Scaling cannot encrypt"] if items(props.get("dataDisks")) else []
-    if resource_type == TC_INSTANCE:
-        return [f"data disk {i} is not encrypted" for i, d in enumerate(items(props.get("dataDisks")))
+    """Data disks of a launch template or an instance, and CBS disks, that are not encrypted. System disks are not
+    judged: neither the pinned provider's cvm.LaunchTemplate (systemDisk: type and size) nor its Instance can ask
+    for an encrypted system disk."""
+    if resource_type in (TC_LAUNCH_TEMPLATE, TC_INSTANCE):
+        disks = props.get("dataDisks")
+        if disks is UNKNOWN:
+            return []
+        return [f"data disk {i} is not encrypted" for i, d in enumerate(items(disks))
                 if isinstance(d, dict) and d.get("encrypt") is not UNKNOWN and flag(d.get("encrypt")) is not True]
     if props.get("encrypt") is not UNKNOWN and flag(props.get("encrypt")) is not True:
         return ["the cloud disk is not encrypted"]
@@ -209,53 +221,122 @@ def check_pipl_region(props: dict, ctx):
                f"{', '.join(ctx.config['allowedRegions'])}")
 
 
-def check_spot_terminate_hook(stack: Stack, ctx):
-    for group in stack.of(TC_SCALING_GROUP):
-        if not is_spot(stack, group):
+# --- CFS: the shared /home and slurmctld's state --------------------------------------------------------
+
+def _network(address):
+    try:
+        return ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        return None
+
+
+def world_client(address) -> bool:
+    """An access rule's client address that admits everyone: '*' or a /0 range."""
+    if not isinstance(address, str):
+        return False
+    net = _network(address)
+    return address.strip() == "*" or (net is not None and net.prefixlen == 0)
+
+
+def single_client(address) -> bool:
+    """One client address (10.0.0.5, 10.0.0.5/32), not a range."""
+    net = _network(address) if isinstance(address, str) else None
+    return net is not None and net.num_addresses == 1
+
+
+def check_cfs(stack: Stack, ctx):
+    """Every file system uses a permission group of this stack; every access rule, whether or not its group is in
+    this stack, admits no one-for-all address and keeps root (no_root_squash) for a single address only."""
+    for fs in stack.of(TC_CFS_FILE_SYSTEM):
+        group = fs.props.get("accessGroupId")
+        if group is UNKNOWN:
             continue
-        hooks = stack.referrers(group, [TC_LIFECYCLE_HOOK], "scalingGroupId")
-        if not any(h.props.get("lifecycleTransition") == TERMINATING for h in hooks):
-            yield f"spot GPU group '{group.name}' has no {TERMINATING} lifecycle hook to checkpoint before it goes", group.urn
+        if group == DEFAULT_PERMISSION_GROUP:
+            yield (f"file system '{fs.name}' uses the account's default permission group {DEFAULT_PERMISSION_GROUP}, "
+                   f"which this stack does not control"), fs.urn
+        elif not stack.targets(fs, [TC_CFS_ACCESS_GROUP], "accessGroupId"):
+            yield f"file system '{fs.name}' uses permission group {group or 'unset'}, not one of this stack", fs.urn
+    for rule in stack.of(TC_CFS_ACCESS_RULE):
+        address, root = rule.props.get("authClientIp"), rule.props.get("userPermission")
+        if address is UNKNOWN:
+            continue
+        if world_client(address):
+            yield f"access rule '{rule.name}' admits every client address ({address})", rule.urn
+        elif root == "no_root_squash" and not single_client(address):
+            yield (f"access rule '{rule.name}' keeps root (no_root_squash) for the range {address}; only a single "
+                   f"address (the controller's) may"), rule.urn
 
 
-def check_queue_scale_to_zero(props: dict, ctx):
-    if stack_value("gpufleet:mode") != "queue":
+# --- SSM: the munge key's secret ----------------------------------------------------------------------
+
+def check_secret(props: dict, ctx):
+    if ctx.resource_type == TC_SSM_SECRET:
+        key = props.get("kmsKeyId")
+        if key is not UNKNOWN and not key:
+            yield "kmsKeyId is unset: SSM encrypts the secret with its own default key, not the stack's KMS key"
         return
-    size = number(props.get("minSize"))
-    if size:
-        yield f"queue-mode group keeps minSize {size:g} nodes running when the queue is empty"
+    for field in ("secretString", "secretBinary"):
+        value = props.get(field)
+        if value not in (None, UNKNOWN, PLACEHOLDER):
+            # never the value itself: it is the secret
+            yield (f"{field} holds a value other than the placeholder '{PLACEHOLDER}': it would be in the stack's "
+                   f"state and previews")
 
 
-def _sizes(stack: Stack) -> list[tuple[Resource, list[str], float]]:
-    out = []
-    for group in stack.of(TC_SCALING_GROUP):
-        size = number(group.props.get("maxSize"))
-        if size is not None:
-            out.append((group, group_types(stack, group), size))
-    return out
+# --- CAM: the controller's launch rights --------------------------------------------------------------
+
+RUN = "cvm:RunInstances"
+TERMINATE = "cvm:TerminateInstances"
+PASS_ROLE = "cam:PassRole"
+_EXACT_OPERATORS = ("string_equal", "for_any_value:string_equal")
 
 
-def _detail(groups) -> str:
-    return ", ".join(f"{g.name}: {size:g} x {'/'.join(types)}" for g, types, size in groups)
+def _action(value: str) -> str:
+    return value[5:] if value.lower().startswith("name/") else value
 
 
-def check_gpu_quota(stack: Stack, ctx):
-    groups = [(g, types, size) for g, types, size in _sizes(stack) if any(t in CATALOG for t in types)]
-    total = sum(size * max(CATALOG[t].gpus for t in types if t in CATALOG) for _, types, size in groups)
-    if total > ctx.config["maxGpus"]:
-        yield f"GPU groups can reach {total:g} GPUs, over the quota of {ctx.config['maxGpus']:g} ({_detail(groups)})", \
-            groups[0][0].urn
+def cam_allows(statement: dict, action: str) -> bool:
+    """The allow statement grants `action` (an action pattern such as name/cvm:* or * covers it)."""
+    return statement.get("effect") == "allow" and any(
+        isinstance(a, str) and fnmatchcase(action.lower(), _action(a).lower()) for a in as_list(statement.get("action")))
 
 
-def check_monthly_ceiling(stack: Stack, ctx):
-    ceiling = number(ctx.config.get("monthlyCeilingCny") or stack_value("gpufleet:budgetMonthlyCny"))
-    if not ceiling:
-        return
-    groups = _sizes(stack)
-    cost = sum(monthly_max(types, size, is_spot(stack, g)) for g, types, size in groups)
-    if cost > ceiling:
-        yield (f"GPU groups at their maximum size cost about ¥{cost:,.0f}/month, over the ¥{ceiling:,.0f} ceiling "
-               f"({_detail(groups)})"), groups[0][0].urn
+def tag_condition(statement: dict, key: str) -> list[str]:
+    """The stack-tag values (gpufleet-stack&<stack>) an exact operator requires of condition `key`; [] if none, or
+    if any value is a pattern."""
+    condition = statement.get("condition")
+    if not isinstance(condition, dict):
+        return []
+    for op, pairs in condition.items():
+        if not isinstance(pairs, dict) or not isinstance(op, str) or op.lower() not in _EXACT_OPERATORS:
+            continue
+        for k, values in pairs.items():
+            if isinstance(k, str) and k.lower() == key:
+                values = as_list(values)
+                if values and all(isinstance(v, str) and v.startswith(f"{STACK_TAG}&") and len(v) > len(STACK_TAG) + 1
+                                  and "*" not in v and "?" not in v for v in values):
+                    return values
+    return []
+
+
+def cam_launch_gaps(statement: dict) -> list[str]:
+    gaps = []
+    if cam_allows(statement, RUN) and not tag_condition(statement, "qcs:request_tag"):
+        gaps.append(f"{RUN} without a string_equal qcs:request_tag condition on {STACK_TAG}&<stack>")
+    if cam_allows(statement, TERMINATE) and not tag_condition(statement, "qcs:resource_tag"):
+        gaps.append(f"{TERMINATE} without a string_equal qcs:resource_tag condition on {STACK_TAG}&<stack>")
+    if cam_allows(statement, PASS_ROLE):
+        roles = as_list(statement.get("resource"))
+        if not roles or any(not isinstance(r, str) or "*" in r for r in roles):
+            gaps.append(f"{PASS_ROLE} on {', '.join(map(str, roles)) or 'no resource'}, not named roles")
+    return gaps
+
+
+def check_cam_launch(props: dict, ctx):
+    doc = json_doc(props.get("document"))
+    for i, s in enumerate(statements(doc)):
+        for gap in cam_launch_gaps(s):
+            yield f"statement {i}: {gap}"
 
 
 def check_cost_tags(props: dict, ctx):
@@ -313,10 +394,21 @@ POLICIES = [
         severity="medium", frameworks=["PIPL"], check=check_access_logging, config=_PERSONAL,
         remediation="Set logEnable true with logTargetBucket a private log bucket of the stack and a logPrefix."),
     resource_policy(
-        "tencent-cvm-node-no-public-ip", "Launch configurations and instances get no public IP or internet bandwidth.",
-        types=[TC_SCALING_CONFIG, TC_INSTANCE], severity="high", frameworks=["CIS", "PIPL"], check=check_no_public_ip,
-        remediation="Set publicIpAssigned (allocatePublicIp) false and internetMaxBandwidthOut 0; reach the nodes "
-                    "with TencentCloud Automation Tools."),
+        "tencent-cvm-node-no-public-ip",
+        "Launch templates and instances (the controller among them) get no public IP or internet bandwidth.",
+        types=[TC_LAUNCH_TEMPLATE, TC_INSTANCE], severity="high", frameworks=["CIS", "PIPL"],
+        check=check_no_public_ip,
+        remediation="Set internetAccessible {publicIpAssigned: false, internetMaxBandwidthOut: 0} on launch templates "
+                    "and allocatePublicIp false, internetMaxBandwidthOut 0 on instances; reach the machines with "
+                    "TencentCloud Automation Tools."),
+    resource_policy(
+        "tencent-cvm-node-no-password-login",
+        "Launch templates and instances set no login password.",
+        types=[TC_LAUNCH_TEMPLATE, TC_INSTANCE], severity="high", frameworks=["CIS", "PIPL"],
+        check=check_no_password,
+        remediation="Remove loginSettings.password (password on an instance); keep the image's login "
+                    "(keepImageLogin) or name SSH keys (keyIds), and reach the machines with TencentCloud Automation "
+                    "Tools."),
     resource_policy(
         "tencent-vpc-securitygroup-no-world-inbound", "Security groups accept nothing inbound from the internet.",
         types=[TC_SG_RULE_SET, TC_SG_RULE, TC_SG_LITE_RULE], severity="critical", frameworks=["CIS"],
@@ -332,11 +424,14 @@ POLICIES = [
                     "actions in operationLevelActions."),
     resource_policy(
         "tencent-cvm-disk-encrypted",
-        "Cloud disks are encrypted and launch configurations attach no data disk, which Auto Scaling cannot encrypt.",
-        types=[TC_SCALING_CONFIG, TC_INSTANCE, TC_CBS], severity="high", frameworks=["CIS", "PIPL"],
+        "Data disks of launch templates and instances, and CBS disks, are encrypted (system disks are not judged: "
+        "the pinned provider cannot ask for an encrypted one).",
+        types=[TC_LAUNCH_TEMPLATE, TC_INSTANCE, TC_CBS], severity="high", frameworks=["CIS", "PIPL"],
         check=check_disks,
-        remediation="Remove dataDisks from the launch configuration and keep data in the KMS-encrypted bucket; "
-                    "set encrypt true (with kmsKeyId) on instance data disks and CBS disks."),
+        remediation="Set encrypt true (with kmsKeyId the stack's key) on every data disk of a launch template or "
+                    "instance and on CBS disks, or keep data in the KMS-encrypted bucket instead. The provider's "
+                    "launch template and instance have no system disk encryption; RunInstances' "
+                    "SystemDisk.Encrypt is the node provider's to set."),
     resource_policy(
         "tencent-kms-key-rotation", "Symmetric KMS keys rotate their key material.",
         types=[TC_KMS_KEY], severity="medium", frameworks=["CIS"], check=check_key_rotation,
@@ -348,29 +443,53 @@ POLICIES = [
         remediation="Deploy the stack to a mainland China region (tencentcloud:region, e.g. ap-shanghai) and remove "
                     "providers with a region outside it; a cross-border transfer needs its own assessment."),
     stack_policy(
-        "tencent-as-group-spot-terminate-hook",
-        "Spot GPU scaling groups hold a terminate lifecycle hook for the last checkpoint.",
-        severity="medium", frameworks=_GPU, check=check_spot_terminate_hook,
-        remediation="Add a tencentcloud.as_.LifecycleHook with lifecycleTransition INSTANCE_TERMINATING and a "
-                    "heartbeat long enough to write a checkpoint."),
+        "tencent-cfs-filesystem-private-access",
+        "CFS file systems use a permission group of the stack, whose rules admit no one-for-all address and keep "
+        "root only for a single address.",
+        severity="high", frameworks=["CIS", "PIPL"], check=check_cfs,
+        remediation="Give each file system its own tencentcloud.cfs.AccessGroup (never pgroupbasic) with access "
+                    "rules naming the node subnets' CIDRs with root_squash and the controller's address alone with "
+                    "no_root_squash; never '*' or 0.0.0.0/0."),
     resource_policy(
-        "tencent-as-group-queue-scale-to-zero", "Queue-mode scaling groups can scale down to zero nodes.",
-        types=[TC_SCALING_GROUP], severity="medium", frameworks=_GPU, check=check_queue_scale_to_zero,
-        mandatory=False, remediation="Set minSize 0 (nodes.min 0) so an idle queue costs nothing."),
+        "tencent-ssm-secret-kms-no-value",
+        "SSM secrets are encrypted with the stack's KMS key and their versions in the stack hold only the "
+        "placeholder 'unset'.",
+        types=[TC_SSM_SECRET, TC_SSM_SECRET_VERSION], severity="high", frameworks=["CIS", "PIPL"],
+        check=check_secret,
+        remediation="Set kmsKeyId to the stack's key on the secret; create its first version with secretString "
+                    "'unset' and let the controller store the munge key (PutSecretValue), so the key is never in "
+                    "the stack's state, a preview or an output."),
+    resource_policy(
+        "tencent-cam-policy-bounded-launch",
+        "CAM policies launch instances only with the stack tag, terminate only tagged instances and pass only "
+        "named roles.",
+        types=[TC_CAM_POLICY], severity="critical", frameworks=["CIS"], check=check_cam_launch,
+        remediation="Condition name/cvm:RunInstances on for_any_value:string_equal qcs:request_tag "
+                    "['gpufleet-stack&<stack>'] and name/cvm:TerminateInstances on qcs:resource_tag "
+                    "['gpufleet-stack&<stack>']; allow name/cam:PassRole only on the node role's "
+                    "qcs::cam::uin/<uin>:roleName/<name> (infra/tencent/controller.py)."),
+    resource_policy(
+        "tencent-slurm-partition-queue-scale-to-zero",
+        "Queue (non-gang) Slurm partitions power every node down when no job needs it.",
+        types=[TC_PARTITION], severity="medium", frameworks=_GPU, check=check_partition_scale_to_zero,
+        mandatory=False,
+        remediation="Set the partition's nodes.min 0 (alwaysOn 0) so an idle queue partition holds no GPU node."),
     stack_policy(
-        "tencent-as-group-gpu-quota", "The stack's GPU scaling groups together stay within the GPU quota.",
-        severity="medium", frameworks=_GPU, check=check_gpu_quota,
+        "tencent-slurm-partition-gpu-quota",
+        "The stack's Slurm partitions at their maximum size together stay within the configured GPU quota.",
+        severity="medium", frameworks=_GPU, check=gpu_quota(TC_PARTITION),
         config={"maxGpus": {"type": "integer", "minimum": 0, "default": 64,
-                            "description": "Most GPUs all groups of the stack may reach together."}},
-        remediation="Lower nodes.max or use a smaller type, or raise maxGpus once the GPU quota of the region "
-                    "is raised."),
+                            "description": "Most GPUs all partitions of the stack may reach together."}},
+        remediation="Lower the partitions' nodes.max or use a smaller type, or raise maxGpus once the GPU quota of "
+                    "the region is raised."),
     stack_policy(
-        "tencent-as-group-monthly-ceiling",
-        "The stack's GPU scaling groups at their maximum size stay under the monthly ceiling in CNY.",
-        severity="low", frameworks=["gpufleet-cost"], check=check_monthly_ceiling, mandatory=False,
+        "tencent-slurm-partition-monthly-ceiling",
+        "The stack's Slurm partitions at their maximum size stay under the monthly ceiling in CNY.",
+        severity="low", frameworks=["gpufleet-cost"], check=monthly_ceiling(TC_PARTITION, "CNY"), mandatory=False,
         config={"monthlyCeilingCny": {"type": "number", "minimum": 0,
                                       "description": "Monthly ceiling in CNY; defaults to gpufleet:budgetMonthlyCny."}},
-        remediation="Lower nodes.max, use spot capacity or a cheaper type, or raise budgetMonthlyCny."),
+        remediation="Lower the partitions' nodes.max, use spot capacity (a smaller onDemandBase) or a cheaper type, "
+                    "or raise budgetMonthlyCny."),
     resource_policy(
         "tencent-any-resource-cost-tags", "Taggable resources carry the required cost-allocation tags.",
         types="tencentcloud", severity="low", frameworks=["gpufleet-cost"], check=check_cost_tags, mandatory=False,
@@ -378,5 +497,6 @@ POLICIES = [
                                  "default": ["team", "cost-center", "data-classification"],
                                  "description": "Tags every taggable resource must carry (non-empty)."}},
         remediation="Add the tags to gpufleet:tags in the stack config; the stack puts them on every taggable "
-                    "resource (TDMQ CMQ queues and CAM policies take no tags)."),
+                    "resource (TDMQ CMQ queues, CAM policies, CFS permission groups and rules and SSM secret versions "
+                    "take no tags)."),
 ]

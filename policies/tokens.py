@@ -1,4 +1,5 @@
-"""Resource type tokens the policies inspect (pulumi-aws 7, pulumi-azure-native 3).
+"""Resource type tokens the policies inspect (pulumi-aws 7, pulumi-azure-native 3, tencentcloud-iac-pulumi 0.2),
+and the gpufleet components whose properties say what a part of the stack is.
 
 pulumi-aws 7 keeps the deprecated `...V2` S3 tokens as aliases of the plain ones; both are covered.
 """
@@ -30,8 +31,18 @@ SG_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
 SG_INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 SG_EGRESS_RULE = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
-ASG = "aws:autoscaling/group:Group"
-LIFECYCLE_HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
+NETWORK_INTERFACE = "aws:ec2/networkInterface:NetworkInterface"
+EIP = "aws:ec2/eip:Eip"
+EIP_ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
+SECRET = "aws:secretsmanager/secret:Secret"
+EFS_FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
+EFS_POLICY = "aws:efs/fileSystemPolicy:FileSystemPolicy"
+
+# gpufleet's AWS components (infra/aws): a Slurm partition, whose properties are {partition, instanceTypes, maxNodes,
+# alwaysOn, spot, onDemandBase, gang, gpusPerNode, efaInterfaces, subnetIds} and whose children are its launch
+# template and (a multi-node gang) its cluster placement group; and the controller, whose child is its instance.
+PARTITION = "gpufleet:aws:Partition"
+CONTROLLER = "gpufleet:aws:Controller"
 
 IAM_POLICY_DOCS = {  # type -> input properties holding policy documents
     "aws:iam/policy:Policy": ("policy",),
@@ -55,11 +66,27 @@ SNS_SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
 
 AZ_STORAGE = "azure-native:storage:StorageAccount"
 AZ_CONTAINER = "azure-native:storage:BlobContainer"
+AZ_FILE_SHARE = "azure-native:storage:FileShare"
+AZ_VM = "azure-native:compute:VirtualMachine"
 AZ_VMSS = "azure-native:compute:VirtualMachineScaleSet"
+AZ_AVSET = "azure-native:compute:AvailabilitySet"
 AZ_NSG = "azure-native:network:NetworkSecurityGroup"
 AZ_SECURITY_RULE = "azure-native:network:SecurityRule"
-AZ_AUTOSCALE = "azure-native:monitor:AutoscaleSetting"
+AZ_NIC = "azure-native:network:NetworkInterface"
+AZ_NAT_GATEWAY = "azure-native:network:NatGateway"
+AZ_PUBLIC_IP = "azure-native:network:PublicIPAddress"
+AZ_PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
+AZ_PRIVATE_ZONE = "azure-native:privatedns:PrivateZone"
 AZ_KEY_VAULT = "azure-native:keyvault:Vault"
+AZ_SECRET = "azure-native:keyvault:Secret"
+AZ_REGISTRY = "azure-native:containerregistry:Registry"
+
+# gpufleet's Azure components (infra/azure): a Slurm partition, whose properties are {partition, vmSize,
+# instanceTypes, maxNodes, alwaysOn, spot, onDemandBase, gang, gpusPerNode, infiniband, placement} and whose child
+# is the group its nodes' VMs join (an empty Flexible scale set, or for a multi-node gang an availability set);
+# and the controller, whose child is its VM.
+AZ_PARTITION = "gpufleet:azure:Partition"
+AZ_CONTROLLER = "gpufleet:azure:Controller"
 
 # tencentcloud-iac-pulumi 0.2
 TC_VPC = "tencentcloud:Vpc/instance:Instance"
@@ -73,10 +100,19 @@ TC_BUCKET_POLICY = "tencentcloud:Cos/bucketPolicy:BucketPolicy"
 TC_KMS_KEY = "tencentcloud:Kms/key:Key"
 TC_CAM_POLICY = "tencentcloud:Cam/policy:Policy"
 TC_CAM_ROLE = "tencentcloud:Cam/role:Role"
-TC_SCALING_CONFIG = "tencentcloud:As/scalingConfig:ScalingConfig"
-TC_SCALING_GROUP = "tencentcloud:As/scalingGroup:ScalingGroup"
-TC_LIFECYCLE_HOOK = "tencentcloud:As/lifecycleHook:LifecycleHook"
 TC_INSTANCE = "tencentcloud:Instance/instance:Instance"
+TC_LAUNCH_TEMPLATE = "tencentcloud:Cvm/launchTemplate:LaunchTemplate"
 TC_CBS = "tencentcloud:Cbs/storage:Storage"
+TC_CFS_FILE_SYSTEM = "tencentcloud:Cfs/fileSystem:FileSystem"
+TC_CFS_ACCESS_GROUP = "tencentcloud:Cfs/accessGroup:AccessGroup"
+TC_CFS_ACCESS_RULE = "tencentcloud:Cfs/accessRule:AccessRule"
+TC_SSM_SECRET = "tencentcloud:Ssm/secret:Secret"
+TC_SSM_SECRET_VERSION = "tencentcloud:Ssm/secretVersion:SecretVersion"
 TC_QUEUE = "tencentcloud:Tcmq/queue:Queue"
 TC_CLS_TOPIC = "tencentcloud:Cls/topic:Topic"
+
+# gpufleet's Tencent components (infra/tencent): a Slurm partition, whose properties are {partition, instanceTypes,
+# maxNodes, alwaysOn, spot, onDemandBase, gang, gpusPerNode, subnetIds} and whose child is its CVM launch template;
+# and the controller, whose children are its instance and its CAM policy.
+TC_PARTITION = "gpufleet:tencent:Partition"
+TC_CONTROLLER = "gpufleet:tencent:Controller"

@@ -1,4 +1,4 @@
-"""gpufleet trainer: `python -m trainer train|agent|preflight|submit`."""
+"""gpufleet trainer: `python -m trainer train|task|controller|nodes|setup|submit|...` (trainer.__main__)."""
 from __future__ import annotations
 
 EXIT_OK = 0

@@ -1,5 +1,4 @@
-"""`python -m trainer train|convert|agent|preflight|submit|shards|rendezvous|controller|nodes|task`: the command
-boundary.
+"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup`: the command boundary.
 
 A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
 runtime fault the clouds can name (an endpoint refusing connections) one line and exit 1; Ctrl-C exits
@@ -18,14 +17,13 @@ from trainer.errors import Fault, UsageError
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "train": "trainer.loop.cli",
     "convert": "trainer.loop.convert",
-    "agent": "trainer.node.agent",
     "preflight": "trainer.node.preflight",
     "submit": "trainer.jobs.submit",
     "shards": "trainer.loop.shards",
-    "rendezvous": "trainer.node.rendezvous",
     "controller": "trainer.slurm.bridge",
     "nodes": "trainer.slurm.nodes",
     "task": "trainer.slurm.task",
+    "setup": "trainer.slurm.setup",
 }
 
 

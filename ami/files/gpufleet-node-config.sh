@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Boot-time node settings from /etc/gpufleet/node.json (written by user-data): points the CloudWatch
-# agent at the stack's metric namespace and log group and starts it. Runs before preflight.
+# Boot-time settings from /etc/gpufleet/node.json (a GPU node) or controller.json (the controller), both written by
+# user-data: points the CloudWatch agent at the stack's metric namespace and log group and starts it. Runs before
+# the machine joins the Slurm cluster (gpufleet-node.service, gpufleet-controller.service).
 set -euo pipefail
 
 node_json="${1:-/etc/gpufleet/node.json}"

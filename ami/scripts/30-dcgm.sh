@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NVIDIA DCGM (health checks used by preflight; GPU metrics), pinned, with its host engine enabled.
+# NVIDIA DCGM (GPU diagnostics with dcgmi; GPU metrics), pinned, with its host engine enabled.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"

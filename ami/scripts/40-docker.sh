@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Docker with the NVIDIA container toolkit, for containerised jobs. gpufleet-docker-run adds the GPUs,
 # the EFA/InfiniBand devices under /dev/infiniband, unlimited locked memory and the node's NCCL settings.
-# No credential helper: the agent logs in to the stack's registry per job through the node's identity and hands
-# docker a private DOCKER_CONFIG (trainer/node/registry.py), so root's and the gpufleet user's docker configs stay empty.
+# No credential helper: a container job's task (trainer.slurm.task) logs in to the stack's registry per job through the
+# node's identity and hands docker a private DOCKER_CONFIG (trainer/node/registry.py), so root's and the gpufleet
+# user's docker configs stay empty.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trainer wheel in its own virtualenv, a service user, and the gpufleet systemd units.
+# The trainer wheel in its own virtualenv, the gpufleet user's groups, and the gpufleet systemd units.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -11,7 +11,9 @@ wheel="/tmp/gpufleet-ami/$(manifest .trainer.wheel)"
 extra=""
 [ "$GPUFLEET_CLOUD" = azure ] && extra="[azure]"
 
-id gpufleet >/dev/null 2>&1 || useradd --system --create-home --home-dir /var/lib/gpufleet --shell /usr/sbin/nologin gpufleet
+# The gpufleet user (jobs run as it) has the manifest's fixed ids: 45-slurm.sh made it.
+[ "$(id -u gpufleet 2>/dev/null)" = "$(manifest .accounts.gpufleet.uid)" ] ||
+  die "no gpufleet user with the manifest's uid (45-slurm.sh makes it)"
 getent group docker >/dev/null && usermod -aG docker gpufleet
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -26,8 +28,10 @@ ln -sfn "$venv/bin/gpufleet-trainer" /usr/local/bin/gpufleet-trainer
 install -d -m 0755 /etc/gpufleet /var/log/gpufleet
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-scratch.sh /usr/local/sbin/gpufleet-scratch
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-node-config.sh /usr/local/sbin/gpufleet-node-config
-install -m 0644 /tmp/gpufleet-ami/systemd/*.service /etc/systemd/system/
+install -m 0644 /tmp/gpufleet-ami/systemd/gpufleet-*.service /etc/systemd/system/
 systemctl daemon-reload
-# Scratch is assembled on every boot; preflight and the agent are enabled by user-data once node.json exists.
+# Scratch is assembled on every boot. User-data enables the rest once it wrote the settings: gpufleet-node (a Slurm
+# GPU node: munge, slurmd and its notice watcher, gpufleet-watch@NAME) or gpufleet-controller (munge, slurmctld, the
+# bridge, the healer); both run gpufleet-node-config first.
 systemctl enable gpufleet-scratch.service
 log "trainer $installed in $venv; units installed"

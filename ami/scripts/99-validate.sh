@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Final check on the GPU build instance: every component answers and its version is the manifest's.
-# Writes /etc/gpufleet/image-versions.json (manifest + what was observed), which preflight and people read.
+# Writes /etc/gpufleet/image-versions.json (manifest + what was observed), for people to read.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -27,7 +27,22 @@ trainer_python="$(manifest .trainer.venv)/bin/python"
 torch_cuda="$("$trainer_python" -c 'import torch; assert torch.cuda.is_available(); print(torch.version.cuda)')"
 check torch_cuda "$torch_cuda" "$(manifest .trainer.torch_cuda)"
 check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
-"$trainer_python" -m trainer preflight --help >/dev/null || die "python -m trainer preflight does not start"
+# What the image starts: the units (setup, the bridge, the watcher and healer), Slurm's power saving programs
+# (nodes) and every job's batch script (task).
+for command in setup controller nodes task; do
+  "$trainer_python" -m trainer "$command" --help >/dev/null || die "python -m trainer $command does not start"
+done
+check slurm "$("$(manifest .slurm.prefix)/sbin/slurmd" -V | awk '{print $2}')" "$(manifest .slurm.version)"
+check munge "$("$(manifest .munge.prefix)/sbin/munged" --version | awk '{print $1}' | sed 's/^munge-//')" "$(manifest .munge.version)"
+check slurm_uid "$(id -u slurm)" "$(manifest .accounts.slurm.uid)"
+check gpufleet_uid "$(id -u gpufleet)" "$(manifest .accounts.gpufleet.uid)"
+for unit in munge slurmd slurmctld; do
+  ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
+done
+# The stacks' shared file systems are NFS on every cloud (Tencent's CFS directly; efs-utils and aznfs through it).
+[ -x /sbin/mount.nfs ] || die "/sbin/mount.nfs is missing: the shared file system mounts need it (33-nfs-common.sh)"
+check nfs_common "$(dpkg-query -W -f '${Version}' nfs-common | sed 's/^[0-9]*://')" "$(manifest .nfs_common.version)"
+apt-mark showhold | grep -qx nfs-common || die "nfs-common is not held"
 toolkit="$(nvidia-ctk --version | awk '/version/ {print $NF; exit}')"
 docker info --format '{{json .Runtimes}}' | grep -q nvidia || die "docker has no nvidia runtime"
 
@@ -50,6 +65,14 @@ elif [ "$GPUFLEET_CLOUD" = aws ]; then
   check efa_installer "$(sed -n 's/.*EFA installer version: \([0-9.]*\).*/\1/p' /opt/amazon/efa_installed_packages)" "$(manifest .efa_installer.version)"
   check aws_ofi_nccl "$(cat "$(manifest .aws_ofi_nccl.prefix)/VERSION")" "$(manifest .aws_ofi_nccl.version)"
   check cloudwatch_agent "$(dpkg-query -W -f '${Version}' amazon-cloudwatch-agent)" "$(manifest .cloudwatch_agent.version)"
+  # The stacks' EFS mounts (cloud-init, type efs: tls,iam,accesspoint) need mount.efs, its efs-proxy and stunnel.
+  for helper in /sbin/mount.efs /usr/bin/efs-proxy /usr/bin/stunnel; do
+    [ -x "$helper" ] || die "$helper is missing: the EFS mounts of the stacks need it (32-efs-utils.sh)"
+  done
+  check efs_utils "$(/sbin/mount.efs --version | awk '{print $NF}')" "$(manifest .efs_utils.version)"
+  check efs_utils_package "$(dpkg-query -W -f '${Version}' "$(manifest .efs_utils.package)")" \
+    "$(manifest .efs_utils.version)-$(manifest .efs_utils.release)"
+  record stunnel "$(dpkg-query -W -f '${Version}' stunnel4)"
   /opt/amazon/efa/bin/fi_info --version >/dev/null || die "fi_info does not run"
   # The efa provider only lists when an EFA interface is attached (EFA-capable build instance).
   efa_present=no
@@ -64,6 +87,18 @@ elif [ "$GPUFLEET_CLOUD" = aws ]; then
   fi
   apt-mark showhold | grep -qx "nvidia-driver-$branch-open" || die "the driver is not held"
 else
+  # The stack's Azure Files NFS 4.1 mounts (cloud-init, type aznfs) go through mount.aznfs and its stunnel (TLS), kept
+  # up by aznfswatchdogv4; the pinned version stays, its self-update off; stunnel checks Azure Files' certificate
+  # against DigiCert Global Root G2, which must be in the image (the helper would fetch it unverified).
+  for helper in /sbin/mount.aznfs /usr/bin/stunnel "$(manifest .aznfs.ca_file)"; do
+    [ -e "$helper" ] || die "$helper is missing: the Azure Files mounts of the stack need it (34-aznfs.sh)"
+  done
+  check aznfs "$(dpkg-query -W -f '${Version}' "$(manifest .aznfs.package)")" "$(manifest .aznfs.version)"
+  apt-mark showhold | grep -qx "$(manifest .aznfs.package)" || die "aznfs is not held"
+  grep -qx "AUTO_UPDATE_AZNFS=false" "$(manifest .aznfs.config)" || die "aznfs updates itself ($(manifest .aznfs.config))"
+  systemctl is-enabled --quiet aznfswatchdogv4.service || die "aznfswatchdogv4.service is not enabled"
+  ! systemctl is-enabled --quiet aznfswatchdog.service || die "aznfswatchdog.service (its self-update) is enabled"
+  record stunnel "$(dpkg-query -W -f '${Version}' stunnel4)"
   record nvidia_driver "$driver (Ubuntu-HPC base image)"
   record cuda "$(nvidia-smi | sed -n 's/.*CUDA Version: \([0-9.]*\).*/\1/p')"
   record docker "$(docker version --format '{{.Server.Version}}')"

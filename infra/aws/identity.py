@@ -1,6 +1,13 @@
-"""Identity: the node role and instance profile. Shell access is through SSM Session Manager only
-(no SSH key, no port 22); the inline policy is `policies.node_policy`, scoped to this stack, plus
-the registry's `pull_statements` (pull from the stack's repositories only)."""
+"""Identity: the roles of the GPU nodes and of the controller, their instance profiles, and the cluster's munge
+key secret. Shell access is through SSM Session Manager only (no SSH key, no port 22). The node's inline policy is
+`policies.node_policy`, scoped to this stack, plus the registry's `pull_statements` (pull from the stack's
+repositories only); the controller's policy names the launch templates, so it is attached where they exist
+(infra.aws.controller).
+
+The munge key authenticates every Slurm message of the cluster. The secret is made empty here, encrypted with the
+stack key; the controller generates the key at its first boot and stores it (so it is never in the Pulumi state,
+user-data, a preview or an output), the nodes read it.
+"""
 from __future__ import annotations
 
 import json
@@ -11,6 +18,8 @@ import pulumi_aws as aws
 
 from infra.aws import policies
 
+MUNGE_RECOVERY_DAYS = 7
+
 
 @dataclass(frozen=True)
 class IdentityArgs:
@@ -18,9 +27,6 @@ class IdentityArgs:
     region: str
     bucket_arn: pulumi.Input[str]
     key_arn: pulumi.Input[str]
-    queue_arn: pulumi.Input[str]
-    dlq_arn: pulumi.Input[str]
-    asg_arn: pulumi.Input[str]
     log_group_arn: pulumi.Input[str]
     parameters_arn: pulumi.Input[str]       # the job secrets' SSM path (policies.parameters_arn)
     metric_namespace: str
@@ -37,22 +43,34 @@ class Identity(pulumi.ComponentResource):
         super().__init__("gpufleet:aws:Identity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         p = args.prefix
+        self.munge_secret = aws.secretsmanager.Secret(
+            f"{p}-munge", name_prefix=f"{p}-munge-", description=f"{p}: the Slurm cluster's munge key (made by the "
+            "controller)", kms_key_id=args.key_arn, recovery_window_in_days=MUNGE_RECOVERY_DAYS, tags=args.tags,
+            opts=child)
+        managed_ssm = f"arn:{policies.partition(args.region)}:iam::aws:policy/AmazonSSMManagedInstanceCore"
+
         self.role = aws.iam.Role(
             f"{p}-node", description=f"{p} GPU nodes", assume_role_policy=json.dumps(policies.assume_role_ec2()),
             tags=args.tags, opts=child)
-        ssm = aws.iam.RolePolicyAttachment(
-            f"{p}-node-ssm", role=self.role.name,
-            policy_arn=f"arn:{policies.partition(args.region)}:iam::aws:policy/AmazonSSMManagedInstanceCore",
-            opts=child)
+        ssm = aws.iam.RolePolicyAttachment(f"{p}-node-ssm", role=self.role.name, policy_arn=managed_ssm, opts=child)
         inline = aws.iam.RolePolicy(
             f"{p}-node-policy", role=self.role.name,
-            policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.queue_arn, args.dlq_arn, args.asg_arn,
-                                     args.log_group_arn, args.parameters_arn, args.pull_statements).apply(
-                lambda v: json.dumps(_with(policies.node_policy(*v[:7], metric_namespace=args.metric_namespace),
-                                           v[7]))),
+            policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.log_group_arn, args.parameters_arn,
+                                     self.munge_secret.arn, args.pull_statements).apply(
+                lambda v: json.dumps(_with(policies.node_policy(*v[:5], metric_namespace=args.metric_namespace),
+                                           v[5]))),
             opts=child)
         # Nodes launch only once their permissions are in place.
         self.instance_profile = aws.iam.InstanceProfile(
             f"{p}-node", role=self.role.name, tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[ssm, inline]))
-        self.register_outputs({"role": self.role.arn, "instance_profile": self.instance_profile.arn})
+
+        self.controller_role = aws.iam.Role(
+            f"{p}-controller", description=f"{p} Slurm controller",
+            assume_role_policy=json.dumps(policies.assume_role_ec2()), tags=args.tags, opts=child)
+        self.controller_ssm = aws.iam.RolePolicyAttachment(
+            f"{p}-controller-ssm", role=self.controller_role.name, policy_arn=managed_ssm, opts=child)
+        self.controller_profile = aws.iam.InstanceProfile(
+            f"{p}-controller", role=self.controller_role.name, tags=args.tags, opts=child)
+        self.register_outputs({"role": self.role.arn, "instance_profile": self.instance_profile.arn,
+                               "controller_role": self.controller_role.arn, "munge_secret": self.munge_secret.arn})

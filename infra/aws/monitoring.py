@@ -1,10 +1,12 @@
-"""Monitoring: encrypted log group, alarms (dead letters, jobs waiting, idle GPUs), dashboard, budget.
+"""Monitoring: encrypted log group, alarms (dead letters, jobs pending, nodes that failed to power up, the
+controller down, idle GPUs), dashboard, budget.
 
 Alarms and the budget notify one KMS-encrypted SNS topic. Its subscribers are the stack's alert
 recipients (`alertEmails`, `alerts`): e-mail addresses (which also get the budget mails directly),
 HTTPS endpoints that confirm SNS subscriptions, and chat webhooks, reached through a small Lambda
 function (`chat_forwarder.py`). The GPU widget and the idle-GPU alarm read the metrics nodes publish,
-by the names and dimensions of `infra.metrics`.
+by the names and dimensions of `infra.metrics`; the controller's gauges come from Slurm's own state: the jobs' from
+the bridge (`metrics.PENDING_OVER_AN_HOUR`), the nodes' from the heal daemon (`metrics.NODES_FAILED_TO_RESUME`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import metrics
-from infra.aws import alarms, policies
+from infra.aws import policies
 from infra.config import Alert
 
 LOG_RETENTION_DAYS = {"public": 30, "internal": 90, "personal": 365, "phi": 2192}
@@ -40,42 +42,31 @@ class MonitoringArgs:
     classification: str
     queue_name: pulumi.Input[str]
     dlq_name: pulumi.Input[str]
-    asg_name: str
+    node_group: str                  # the nodes' metric dimension value (metrics.ASG)
     budget_monthly_usd: float
     alerts: tuple[Alert, ...]
     tags: dict[str, str]
 
 
-def idle_gpu_queries(namespace: str, asg: str) -> list[dict]:
-    """In-service nodes and their mean GPU utilisation. Only nodes' measurements count: where no GPU
-    metric came, the expression has no value (not 0), and missing data does not breach."""
-    return [
-        {"id": "nodes", "metric": {"namespace": "AWS/AutoScaling", "metric_name": "GroupInServiceInstances",
-                                   "dimensions": {"AutoScalingGroupName": asg}, "stat": "Minimum", "period": 300}},
-        {"id": "gpu", "metric": metrics.alarm_metric(namespace, metrics.GPU_UTILIZATION, asg, "Average", 300)},
-        {"id": "idle", "label": "nodes running with idle GPUs", "return_data": True,
-         "expression": f"IF(FILL(nodes, 0) > 0 AND gpu < {IDLE_GPU_PERCENT}, 1, 0)"},
-    ]
-
-
-def dashboard_body(region: str, namespace: str, queue: str, dlq: str, asg: str) -> dict:
+def dashboard_body(region: str, namespace: str, queue: str, dlq: str, group: str) -> dict:
     def widget(title: str, metrics_: list, x: int, y: int, stat: str = "Maximum") -> dict:
         return {"type": "metric", "x": x, "y": y, "width": 12, "height": 6,
                 "properties": {"title": title, "region": region, "metrics": metrics_, "period": 60, "stat": stat}}
 
     return {"widgets": [
-        widget("Jobs waiting / running", [
-            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", queue, {"label": "waiting"}],
-            ["AWS/SQS", "ApproximateNumberOfMessagesNotVisible", "QueueName", queue, {"label": "running"}]], 0, 0),
+        widget("Jobs (from Slurm, through the bridge)", [
+            [namespace, metrics.JOBS_PENDING, {"label": "pending"}],
+            [namespace, metrics.JOBS_RUNNING, {"label": "running"}],
+            [namespace, metrics.PENDING_OVER_AN_HOUR, {"label": "pending over an hour"}]], 0, 0),
         widget("Nodes", [
-            ["AWS/AutoScaling", "GroupInServiceInstances", "AutoScalingGroupName", asg, {"label": "in service"}],
-            ["AWS/AutoScaling", "GroupDesiredCapacity", "AutoScalingGroupName", asg, {"label": "desired"}]], 12, 0),
+            [namespace, metrics.NODES_UP, {"label": "powered up"}],
+            [namespace, metrics.NODES_FAILED_TO_RESUME, {"label": "failed to power up"}]], 12, 0),
         widget("GPU utilization % (all nodes, and per node)", [
-            metrics.dashboard_row(namespace, metrics.GPU_UTILIZATION, asg, label="all nodes"),
-            [{"expression": metrics.per_node_search(namespace, metrics.GPU_UTILIZATION, asg, "Average", 300),
+            metrics.dashboard_row(namespace, metrics.GPU_UTILIZATION, group, label="all nodes"),
+            [{"expression": metrics.per_node_search(namespace, metrics.GPU_UTILIZATION, group, "Average", 300),
               "id": "pernode", "label": ""}]], 0, 6, stat="Average"),
-        widget("Oldest job, waiting or running (s) / dead letters", [
-            ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", queue],
+        widget("Messages not yet taken by the bridge / dead letters", [
+            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", queue, {"label": "waiting for the bridge"}],
             ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", dlq, {"label": "dead letters"}]], 12, 6),
     ]}
 
@@ -98,6 +89,14 @@ class Monitoring(pulumi.ComponentResource):
         self._subscribe(args)
         actions = [self.topic.arn]
 
+        def gauge(name: str, metric: str, description: str, threshold: float = 0, periods: int = 1) -> None:
+            self.alarms[name] = aws.cloudwatch.MetricAlarm(
+                f"{p}-{name}", alarm_description=description, namespace=args.metric_namespace, metric_name=metric,
+                statistic="Maximum", period=300, evaluation_periods=periods, datapoints_to_alarm=periods,
+                comparison_operator="GreaterThanThreshold", threshold=threshold,
+                # no data: no bridge to tell (the controller-down alarm says so), not a job waiting
+                treat_missing_data="notBreaching", alarm_actions=actions, ok_actions=actions, tags=tags, opts=child)
+
         self.alarms = {
             "dead-letters": aws.cloudwatch.MetricAlarm(
                 f"{p}-dead-letters", alarm_description="Jobs failed repeatedly and sit in the dead-letter queue",
@@ -105,25 +104,28 @@ class Monitoring(pulumi.ComponentResource):
                 dimensions={"QueueName": args.dlq_name}, statistic="Maximum", period=300, evaluation_periods=1,
                 comparison_operator="GreaterThanThreshold", threshold=0, treat_missing_data="notBreaching",
                 alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
-            "old-jobs": aws.cloudwatch.MetricAlarm(
-                f"{p}-old-jobs",
-                alarm_description=f"A job has waited over {alarms.WAIT_ALARM_S // 60} minutes for a node (running "
-                                  f"jobs do not count)",
-                **alarms.WAITING_JOB.alarm_args({"QueueName": args.queue_name}),
-                alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
             "idle-gpus": aws.cloudwatch.MetricAlarm(
                 f"{p}-idle-gpus",
                 alarm_description=f"Nodes are running but their GPUs are below {IDLE_GPU_PERCENT}% busy",
-                metric_queries=idle_gpu_queries(args.metric_namespace, args.asg_name),
-                evaluation_periods=IDLE_GPU_PERIODS, comparison_operator="GreaterThanOrEqualToThreshold",
-                threshold=1, treat_missing_data="notBreaching", alarm_actions=actions, ok_actions=actions,
-                tags=tags, opts=child),
+                metric_queries=[
+                    {"id": "gpu", "label": "mean GPU utilization of the nodes", "return_data": True,
+                     "metric": metrics.alarm_metric(args.metric_namespace, metrics.GPU_UTILIZATION, args.node_group,
+                                                    "Average", 300)}],
+                evaluation_periods=IDLE_GPU_PERIODS, comparison_operator="LessThanThreshold",
+                threshold=IDLE_GPU_PERCENT, treat_missing_data="notBreaching", alarm_actions=actions,
+                ok_actions=actions, tags=tags, opts=child),
         }
+        gauge("old-jobs", metrics.PENDING_OVER_AN_HOUR,
+              f"A job has been pending in Slurm for over {metrics.PENDING_ALARM_S // 60} minutes (no node for it)")
+        gauge("resume-failures", metrics.NODES_FAILED_TO_RESUME,
+              "GPU nodes failed to power up (capacity, quota or launch errors): see the nodes' reasons in sinfo -R")
+        self._actions = actions
+        self._args = args
 
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{p}-dashboard", dashboard_name=f"{p}",
             dashboard_body=pulumi.Output.all(args.queue_name, args.dlq_name).apply(
-                lambda v: json.dumps(dashboard_body(args.region, args.metric_namespace, v[0], v[1], args.asg_name))),
+                lambda v: json.dumps(dashboard_body(args.region, args.metric_namespace, v[0], v[1], args.node_group))),
             opts=child)
 
         emails = [a.endpoint for a in args.alerts if a.kind == "email"]
@@ -139,6 +141,18 @@ class Monitoring(pulumi.ComponentResource):
             cost_filters=[{"name": "TagKeyValue", "values": [f"user:gpufleet-stack${args.stack}"]}],
             notifications=notifications, tags=tags, opts=child)
         self.register_outputs({"log_group": self.log_group.name, "dashboard": self.dashboard.dashboard_name})
+
+    def watch_controller(self, instance_id: pulumi.Input[str]) -> None:
+        """The controller down: its instance fails EC2's status checks (EC2 recovers it where it can)."""
+        a = self._args
+        self.alarms["controller-down"] = aws.cloudwatch.MetricAlarm(
+            f"{a.prefix}-controller-down",
+            alarm_description="The Slurm controller fails its status checks: no job starts or powers a node up",
+            namespace="AWS/EC2", metric_name="StatusCheckFailed", dimensions={"InstanceId": instance_id},
+            statistic="Maximum", period=60, evaluation_periods=3, datapoints_to_alarm=3,
+            comparison_operator="GreaterThanThreshold", threshold=0, treat_missing_data="breaching",
+            alarm_actions=self._actions, ok_actions=self._actions, tags=a.tags,
+            opts=pulumi.ResourceOptions(parent=self))
 
     def _subscribe(self, args: MonitoringArgs) -> None:
         """E-mail and HTTPS recipients subscribe to the topic; chat webhooks through the forwarder."""

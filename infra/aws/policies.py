@@ -1,9 +1,9 @@
 """IAM, KMS, S3, SQS and SNS policy documents of the AWS stack: pure functions of ARNs and names.
 
-The node policy is least privilege: every action is named (no `*`, no `service:*`), scoped to this
-stack's bucket, key, queue, autoscaling group and log group; `Resource: "*"` is used only for
-Describe calls that IAM cannot scope and for PutMetricData, which is held to the stack's metric
-namespace by a `cloudwatch:namespace` condition. The flow log role can only write into the flow
+The node and controller policies are least privilege: every action is named (no `*`, no `service:*`), scoped to
+this stack's bucket, key, queue, secret, launch templates and log group; `Resource: "*"` is used only for Describe
+calls that IAM cannot scope and for PutMetricData, which is held to the stack's metric namespace by a
+`cloudwatch:namespace` condition. Instances the controller may launch, name and terminate carry the stack's tag. The flow log role can only write into the flow
 log group, and only VPC Flow Logs of this account can assume it. The VPC endpoints pass only this
 account's principals acting on this account's resources, and the S3 gateway endpoint only the
 buckets the nodes use.
@@ -48,18 +48,17 @@ def log_group_arn(region: str, account_id: str, name: str) -> str:
     return f"arn:{partition(region)}:logs:{region}:{account_id}:log-group:{name}"
 
 
-# What the EC2 Auto Scaling user guide asks a customer managed key to grant the group's service-linked
-# role for EBS encryption ("Required AWS KMS key policy for use with encrypted volumes"), with its
-# `kms:ReEncrypt*` and `kms:GenerateDataKey*` spelled out as the symmetric-key actions they stand for.
-AUTOSCALING_EBS_KEY_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo",
-                               "kms:GenerateDataKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey")
+# What a principal that launches instances with EBS volumes encrypted by a customer managed key needs of that
+# key (EC2 user guide, "Amazon EBS encryption": the caller's permissions are used), `kms:ReEncrypt*` and
+# `kms:GenerateDataKey*` spelled out as the symmetric-key actions they stand for; held to calls EC2 makes.
+EBS_KEY_ACTIONS = ("kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKeyWithoutPlaintext",
+                   "kms:DescribeKey")
 
 
-def key_policy(account_id: str, region: str, log_group_names: list[str], autoscaling_role_arn: str) -> dict:
-    """The stack's KMS key: account administration, CloudWatch Logs for the stack's log groups only,
-    CloudWatch alarms and AWS Budgets publishing to the encrypted alert topic, and the node group's
-    Auto Scaling service-linked role launching nodes with EBS volumes encrypted by this key (grants
-    only for AWS resources, as EBS attaches them)."""
+def key_policy(account_id: str, region: str, log_group_names: list[str]) -> dict:
+    """The stack's KMS key: account administration (which lets the stack's IAM roles use it as their own
+    policies say), CloudWatch Logs for the stack's log groups only, and CloudWatch alarms and AWS Budgets
+    publishing to the encrypted alert topic."""
     part = partition(region)
     log_group_arns = [log_group_arn(region, account_id, name) for name in log_group_names]
     return _doc(
@@ -75,11 +74,6 @@ def key_policy(account_id: str, region: str, log_group_names: list[str], autosca
          "Principal": {"Service": ["cloudwatch.amazonaws.com", "budgets.amazonaws.com"]},
          "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": "*",
          "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}},
-        {"Sid": "AutoScalingEbsVolumes", "Effect": "Allow", "Principal": {"AWS": autoscaling_role_arn},
-         "Action": list(AUTOSCALING_EBS_KEY_ACTIONS), "Resource": "*"},
-        {"Sid": "AutoScalingEbsGrants", "Effect": "Allow", "Principal": {"AWS": autoscaling_role_arn},
-         "Action": "kms:CreateGrant", "Resource": "*",
-         "Condition": {"Bool": {"kms:GrantIsForAWSResource": True}}},
     )
 
 
@@ -135,9 +129,21 @@ def flow_log_delivery_policy(log_group_arn: str) -> dict:
          "Resource": [log_group_arn, f"{log_group_arn}:*"]})
 
 
-def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, asg_arn: str, log_group_arn: str,
-                parameters_arn: str, metric_namespace: str) -> dict:
-    """What a node (trainer agent, preflight, log shipping) may do, and nothing more."""
+def _logs_and_metrics(log_group_arn: str, metric_namespace: str) -> list[dict]:
+    """Ship logs into the stack's log group; publish metrics in its namespace only."""
+    return [
+        {"Sid": "ShipLogs", "Effect": "Allow",
+         "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+         "Resource": [log_group_arn, f"{log_group_arn}:*"]},
+        {"Sid": "PublishStackMetrics", "Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": metric_namespace}}},
+    ]
+
+
+def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_arn: str, munge_secret_arn: str,
+                metric_namespace: str) -> dict:
+    """What a GPU node (slurmd's jobs through the per-node task, its setup, preflight, log shipping) may do, and
+    nothing more: no queue, no other node, no instance of its own to launch."""
     return _doc(
         {"Sid": "ListCheckpointBucket", "Effect": "Allow",
          "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
@@ -147,32 +153,110 @@ def node_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, asg
          "Resource": f"{bucket_arn}/*"},
         {"Sid": "UseStackKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
          "Resource": key_arn},
-        # SendMessage: a hand-back or a retried failure goes back as a fresh message with its attempts
+        # the secrets a job's env names ({"ssm": NAME}), under the stack's path only
+        {"Sid": "ReadJobSecrets", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameters_arn},
+        # the cluster's munge key, which the controller stores: read only
+        {"Sid": "ReadMungeKey", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+         "Resource": munge_secret_arn},
+        *_logs_and_metrics(log_group_arn, metric_namespace),
+        # The node's Slurm name is its gpufleet-slurm-node tag (the controller sets it); the CloudWatch agent
+        # resolves its dimensions from the tags too (as AWS's CloudWatchAgentServerPolicy allows). DescribeTags
+        # has no resource-level permissions.
+        {"Sid": "ReadOwnTags", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
+    )
+
+
+NODE_NAME_TAG = "gpufleet-slurm-node"
+STACK_TAG = "gpufleet-stack"
+# What a node's launch creates from a launch template: each must come from one of the stack's templates.
+LAUNCHED = ("instance", "volume", "network-interface", "spot-instances-request")
+
+
+def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str, key_arn: str, queue_arn: str,
+                      dlq_arn: str, log_group_arn: str, munge_secret_arn: str, node_role_arn: str,
+                      launch_template_arns: list[str], subnet_arns: list[str], security_group_arns: list[str],
+                      image_arns: list[str], placement_group_arns: list[str], metric_namespace: str) -> dict:
+    """What the controller (slurmctld's power saving, the bridge) may do: launch nodes only from the stack's
+    launch templates, into its subnets and security group, tagged with the stack, passing only the node role;
+    name and terminate only instances carrying the stack's tag; consume the job queue; keep the records and logs in
+    the bucket; create and read the munge key. Nothing in another stack or account."""
+    part = partition(region)
+    ec2 = f"arn:{part}:ec2:{region}:{account_id}"
+    from_templates = {"ArnEquals": {"ec2:LaunchTemplate": launch_template_arns}}
+    this_stack = {"StringEquals": {f"aws:RequestTag/{STACK_TAG}": stack}}
+    return _doc(
+        {"Sid": "LaunchNodesTagged", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": f"{ec2}:instance/*", "Condition": {**from_templates, **this_stack}},
+        {"Sid": "LaunchNodeParts", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [f"{ec2}:{kind}/*" for kind in LAUNCHED[1:]], "Condition": from_templates},
+        {"Sid": "LaunchFromStackResources", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [*launch_template_arns, *subnet_arns, *security_group_arns, *image_arns,
+                      *placement_group_arns]},
+        {"Sid": "CreateFleetRequests", "Effect": "Allow", "Action": "ec2:CreateFleet",
+         "Resource": f"{ec2}:fleet/*"},
+        {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": [f"{ec2}:{kind}/*" for kind in (*LAUNCHED, "fleet")],
+         "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateFleet"]}}},
+        # a launched node gets its Slurm name (and a Name); no other tag, so the stack tag cannot be changed
+        {"Sid": "NameStackNodes", "Effect": "Allow", "Action": "ec2:CreateTags", "Resource": f"{ec2}:instance/*",
+         "Condition": {"StringEquals": {f"ec2:ResourceTag/{STACK_TAG}": stack},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": [NODE_NAME_TAG, "Name"]}}},
+        {"Sid": "TerminateStackNodes", "Effect": "Allow", "Action": "ec2:TerminateInstances",
+         "Resource": f"{ec2}:instance/*", "Condition": {"StringEquals": {f"ec2:ResourceTag/{STACK_TAG}": stack}}},
+        {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+        # Spot capacity needs EC2's spot service-linked role, which EC2 makes on the first spot launch of an account
+        {"Sid": "SpotServiceRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+         "Resource": f"arn:{part}:iam::{account_id}:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot",
+         "Condition": {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}},
+        # The nodes' volumes are encrypted with the stack key: EC2 uses it with the launching principal's rights
+        {"Sid": "EncryptNodeVolumes", "Effect": "Allow", "Action": list(EBS_KEY_ACTIONS), "Resource": key_arn,
+         "Condition": {"StringEquals": {"kms:ViaService": f"ec2.{region}.amazonaws.com"}}},
+        {"Sid": "EncryptNodeVolumeGrants", "Effect": "Allow", "Action": "kms:CreateGrant", "Resource": key_arn,
+         "Condition": {"StringEquals": {"kms:ViaService": f"ec2.{region}.amazonaws.com"},
+                       "Bool": {"kms:GrantIsForAWSResource": True}}},
+        {"Sid": "DescribeNodes", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeTags"], "Resource": "*"},
         {"Sid": "ConsumeJobQueue", "Effect": "Allow",
          "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
                     "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"],
          "Resource": queue_arn},
-        # a job out of retries, or invalid, is moved to the redrive policy's queue at once
         {"Sid": "DeadLetterJobs", "Effect": "Allow", "Action": ["sqs:GetQueueUrl", "sqs:SendMessage"],
          "Resource": dlq_arn},
-        # the secrets a job's env names ({"ssm": NAME}), under the stack's path only
-        {"Sid": "ReadJobSecrets", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameters_arn},
-        {"Sid": "LifecycleAndProtection", "Effect": "Allow",
-         "Action": ["autoscaling:CompleteLifecycleAction", "autoscaling:RecordLifecycleActionHeartbeat",
-                    "autoscaling:SetInstanceProtection", "autoscaling:SetInstanceHealth"],
-         "Resource": asg_arn},
-        {"Sid": "ShipLogs", "Effect": "Allow",
-         "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-         "Resource": [log_group_arn, f"{log_group_arn}:*"]},
-        {"Sid": "PublishStackMetrics", "Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
-         "Condition": {"StringEquals": {"cloudwatch:namespace": metric_namespace}}},
-        {"Sid": "DiscoverPeers", "Effect": "Allow",
-         "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances",
-                    "autoscaling:DescribeAutoScalingGroups"],
-         "Resource": "*"},
-        # The CloudWatch agent resolves ${aws:AutoScalingGroupName} from the instance's tags (as AWS's
-        # CloudWatchAgentServerPolicy allows); DescribeTags has no resource-level permissions.
-        {"Sid": "ResolveAgentDimensions", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
+        {"Sid": "ListJobRecords", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": bucket_arn},
+        {"Sid": "ReadWriteJobRecords", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+         "Resource": f"{bucket_arn}/*"},
+        {"Sid": "UseStackKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+         "Resource": key_arn},
+        # the controller makes the cluster's munge key at its first boot and reads it after
+        {"Sid": "KeepMungeKey", "Effect": "Allow",
+         "Action": ["secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"],
+         "Resource": munge_secret_arn},
+        *_logs_and_metrics(log_group_arn, metric_namespace),
+    )
+
+
+def shared_fs_policy(fs_arn: str, home_access_point_arn: str, state_access_point_arn: str, node_role_arn: str,
+                     controller_role_arn: str) -> dict:
+    """The shared file system: TLS only; nodes mount /home through its access point, as themselves (no root);
+    the controller mounts /home as root (it makes users' directories) and slurmctld's state."""
+    def through(*access_points: str) -> dict:
+        return {"StringEquals": {"elasticfilesystem:AccessPointArn": list(access_points)}}
+
+    return _doc(
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
+         "Resource": fs_arn, "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "NodesMountHome", "Effect": "Allow", "Principal": {"AWS": node_role_arn},
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], "Resource": fs_arn,
+         "Condition": through(home_access_point_arn)},
+        {"Sid": "ControllerMountsHomeAndState", "Effect": "Allow", "Principal": {"AWS": controller_role_arn},
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], "Resource": fs_arn,
+         "Condition": through(home_access_point_arn, state_access_point_arn)},
+        {"Sid": "ControllerRootOnHome", "Effect": "Allow", "Principal": {"AWS": controller_role_arn},
+         "Action": "elasticfilesystem:ClientRootAccess", "Resource": fs_arn,
+         "Condition": through(home_access_point_arn)},
     )
 
 
@@ -209,9 +293,3 @@ def s3_endpoint_policy(account_id: str, bucket_arns: list[str], aws_owned_reads:
 def parameters_arn(region: str, account_id: str, path: str) -> str:
     """ARN pattern of the SSM parameters below ``path`` (``/gpufleet/<stack>/``)."""
     return f"arn:{partition(region)}:ssm:{region}:{account_id}:parameter/{path.strip('/')}/*"
-
-
-def asg_arn(region: str, account_id: str, asg_name: str) -> str:
-    """ARN pattern of the named group (its ARN holds a UUID that exists only after creation)."""
-    return (f"arn:{partition(region)}:autoscaling:{region}:{account_id}:autoScalingGroup:*:"
-            f"autoScalingGroupName/{asg_name}")

@@ -1,5 +1,4 @@
-"""Storage: the stack's KMS key, the checkpoint/data bucket (plus its access-log bucket where needed),
-and the Auto Scaling service-linked role that the key policy names (so it must exist before the key)."""
+"""Storage: the stack's KMS key and the checkpoint/data bucket (plus its access-log bucket where needed)."""
 from __future__ import annotations
 
 import json
@@ -22,32 +21,25 @@ class StorageArgs:
     region: str
     account_id: pulumi.Input[str]
     log_group_names: tuple[str, ...]   # the stack's log groups, encrypted with its key
-    autoscaling_role_suffix: str       # custom suffix of the node group's service-linked role
     access_logging: bool
     tags: dict[str, str]
 
 
 class Storage(pulumi.ComponentResource):
-    """KMS key with rotation, usable by the stack's own Auto Scaling service-linked role for the nodes'
-    EBS volumes; bucket with versioning, SSE-KMS + bucket key, public access blocked, owner-enforced,
-    TLS >= 1.2 only, old versions expired; access logs when `access_logging`."""
+    """KMS key with rotation (the stack's roles use it as their policies say: the controller for the nodes' EBS
+    volumes); bucket with versioning, SSE-KMS + bucket key, public access blocked, owner-enforced, TLS >= 1.2
+    only, old versions expired; access logs when `access_logging`."""
 
     def __init__(self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpufleet:aws:Storage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         p = args.prefix
 
-        # A role of the stack's own, not the account's default one, which a fresh account may not have yet:
-        # a key policy naming a principal that does not exist is rejected.
-        self.autoscaling_role = aws.iam.ServiceLinkedRole(
-            f"{p}-autoscaling", aws_service_name="autoscaling.amazonaws.com",
-            custom_suffix=args.autoscaling_role_suffix, description=f"{p}: launches GPU nodes with encrypted volumes",
-            tags=args.tags, opts=child)
         self.key = aws.kms.Key(
-            f"{p}-key", description=f"{p}: bucket, queue, logs, alerts and node volumes", enable_key_rotation=True,
-            deletion_window_in_days=30,
-            policy=pulumi.Output.all(args.account_id, self.autoscaling_role.arn).apply(
-                lambda v: json.dumps(policies.key_policy(v[0], args.region, list(args.log_group_names), v[1]))),
+            f"{p}-key", description=f"{p}: bucket, queue, logs, alerts, secrets, file system and node volumes",
+            enable_key_rotation=True, deletion_window_in_days=30,
+            policy=pulumi.Output.from_input(args.account_id).apply(
+                lambda acct: json.dumps(policies.key_policy(acct, args.region, list(args.log_group_names)))),
             tags=args.tags, opts=child)
         aws.kms.Alias(f"{p}-key-alias", name=f"alias/{p}", target_key_id=self.key.key_id, opts=child)
 
@@ -71,8 +63,7 @@ class Storage(pulumi.ComponentResource):
                 target_prefix="s3-access/",
                 target_object_key_format={"partitioned_prefix": {"partition_date_source": "EventTime"}},
                 opts=child)
-        self.register_outputs({"bucket": self.bucket.bucket, "key": self.key.arn,
-                               "autoscaling_role": self.autoscaling_role.arn})
+        self.register_outputs({"bucket": self.bucket.bucket, "key": self.key.arn})
 
     def _bucket(self, name: str, args: StorageArgs, sse: tuple[str, object], expire_days: int | None = None):
         child = pulumi.ResourceOptions(parent=self)

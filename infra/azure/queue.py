@@ -1,5 +1,5 @@
-"""Job queue: the storage queue the agents lease jobs from, and its poison queue (storage queues have
-no dead-letter queue; the agent moves a message there after too many deliveries)."""
+"""Job queue: the storage queue the bridge on the controller takes jobs from, and its poison queue (storage queues
+have no dead-letter queue; the bridge moves a message there after too many deliveries)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

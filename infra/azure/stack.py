@@ -1,4 +1,9 @@
-"""The Azure stack: wires the components in data-flow order and returns the outputs to export."""
+"""The Azure stack: a Slurm cluster. Wires the components in data-flow order and returns the outputs to export.
+
+The controller (slurmctld, the bridge, power saving) on its own VM, and, per partition, the group its GPU nodes
+join when slurmctld powers them up (the node provider creates and deletes the VMs); the shared file system, the
+munge key's secret, the job queue, the blob container, the registry and the monitoring around them.
+"""
 from __future__ import annotations
 
 import base64
@@ -7,22 +12,25 @@ import pulumi
 from pulumi_azure_native import authorization
 
 from infra.azure import derive
-from infra.azure.compute import ScaleSet, ScaleSetArgs
+from infra.azure.controller import Controller, ControllerArgs, controller_user_data, encode
 from infra.azure.group import ResourceGroup
 from infra.azure.identity import Identity, IdentityArgs
-from infra.azure.monitoring import Autoscale, AutoscaleArgs
+from infra.azure.monitoring import Monitoring, MonitoringArgs
 from infra.azure.network import Network, NetworkArgs
+from infra.azure.partition import PartitionArgs, PartitionNodes
 from infra.azure.queue import JobQueue, JobQueueArgs
 from infra.azure.registry import Registry, RegistryArgs, registry_name
+from infra.azure.shared_fs import SharedFs, SharedFsArgs
 from infra.azure.storage import Storage, StorageArgs
 from infra.azure.vault import Vault, VaultArgs, vault_name
 from infra.config import StackConfig
 
 
-def _custom_data(node: dict) -> str:
-    from infra.userdata import render_user_data  # images area; imported when the values are known
+def node_custom_data(node: dict) -> str:
+    """A node's base64 cloud-config (nodes.json's custom_data)."""
+    from infra.userdata import render_node_user_data
 
-    return base64.b64encode(render_user_data(node).encode()).decode()
+    return base64.b64encode(render_node_user_data(node).encode()).decode()
 
 
 def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -30,62 +38,99 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
     tags = cfg.all_tags
     location = cfg.region
     client = authorization.get_client_config_output()
+    sub = client.subscription_id
 
     group = ResourceGroup("group", group_name=name, location=location, tags=tags)
-    net = Network("network", NetworkArgs(name=name, resource_group=group.group_name, location=location, tags=tags))
+    nodes_group = ResourceGroup("nodes-group", group_name=derive.nodes_group_name(cfg.stack), location=location,
+                                tags=tags)
+    net = Network("network", NetworkArgs(name=name, resource_group=group.group_name, location=location,
+                                         controller_size=cfg.controller.instance_type, tags=tags))
     store = Storage("storage", StorageArgs(
         account_name=derive.storage_account_name(cfg.stack, location), resource_group=group.group_name,
-        location=location, subnet_id=net.subnet_id, tags=tags))
+        location=location, subnet_ids=(net.subnet_id, net.controller_subnet_id), tags=tags))
     jobs = JobQueue("queue", JobQueueArgs(account_name=store.account.name, resource_group=group.group_name))
     ident = Identity("identity", IdentityArgs(
-        name=f"{name}-nodes", resource_group=group.group_name, location=location,
-        subscription_id=client.subscription_id, container_id=store.container_id,
-        queue_ids=(jobs.queue_id, jobs.poison_queue_id), tags=tags))
-
+        name=name, stack=cfg.stack, resource_group=group.group_name, resource_group_id=group.group_id,
+        location=location, subscription_id=sub, container_id=store.container_id,
+        queue_ids=(jobs.queue_id, jobs.poison_queue_id), nodes_group_id=nodes_group.group_id,
+        node_subnet_id=net.subnet_id, image_definition_id=derive.gallery_image_definition(cfg.image), tags=tags))
     images = Registry("registry", RegistryArgs(
         name=registry_name(cfg.stack, location), resource_group=group.group_name, location=location,
-        subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=client.subscription_id,
+        subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=sub,
         principal_id=ident.principal_id, tags=tags))
-
     secrets = Vault("vault", VaultArgs(
         name=vault_name(cfg.stack, location), resource_group=group.group_name, location=location,
-        tenant_id=client.tenant_id, subnet_id=net.subnet_id, vnet_id=net.vnet.id,
-        subscription_id=client.subscription_id, principal_id=ident.principal_id, tags=tags))
+        tenant_id=client.tenant_id, subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=sub,
+        resource_group_id=group.group_id, stack=cfg.stack, principal_id=ident.principal_id,
+        controller_principal_id=ident.controller_principal_id, tags=tags))
+    shared = SharedFs("shared-fs", SharedFsArgs(
+        account_name=derive.files_account_name(cfg.stack, location), resource_group=group.group_name,
+        location=location, subnet_id=net.subnet_id, vnet_id=net.vnet.id, tags=tags))
+    monitoring = Monitoring("monitoring", MonitoringArgs(
+        name=name, stack=cfg.stack, resource_group=group.group_name, alerts=cfg.alert_targets, tags=tags))
 
-    scale_set_name = f"{name}-nodes"
-    custom_data = pulumi.Output.all(store.container_url, jobs.queue_url, ident.client_id, group.group_name,
-                                    client.subscription_id, images.login_server, secrets.vault_name).apply(
-        lambda v: _custom_data(derive.node_settings(
-            cfg, container_url=v[0], queue_url=v[1], scale_set=scale_set_name, client_id=v[2],
-            resource_group=v[3], subscription_id=v[4], registry=v[5], key_vault=v[6])))
-    queue_mode = cfg.mode == "queue"
-    vmss = ScaleSet("compute", ScaleSetArgs(
-        name=scale_set_name, resource_group=group.group_name, location=location, size=cfg.primary.name,
-        capacity=cfg.nodes.desired, spot=cfg.spot, subnet_id=net.subnet_id, identity_id=ident.id,
-        ssh_public_key=cfg.ssh_public_key, image=derive.image(cfg.image), custom_data=custom_data,
-        accelerated_networking=cfg.primary.name in derive.ACCELERATED_NETWORKING, tags=tags,
-        autoscaled=queue_mode, wait_for=(*ident.role_assignments, images.pull_role, secrets.read_role)))
-    outputs: dict[str, pulumi.Input] = {
+    slurm_ = pulumi.Output.all(net.controller_address, secrets.munge_url).apply(
+        lambda v: derive.slurm_settings(*v))
+    parts: dict[str, PartitionNodes] = {}
+    nodes_parts = {}
+    for part in cfg.partitions:
+        parts[part.name] = PartitionNodes(f"partition-{part.name}", PartitionArgs(
+            prefix=name, partition=part, resource_group=nodes_group.group_name, location=location, tags=tags))
+        node = pulumi.Output.all(store.container_url, ident.client_id, nodes_group.group_name, sub,
+                                 images.login_server, secrets.vault_name, slurm_, shared.node_mounts).apply(
+            lambda v, part=part: derive.node_settings(
+                cfg, part, container_url=v[0], client_id=v[1], resource_group=v[2],
+                subscription_id=v[3], registry=v[4], key_vault=v[5], slurm_=v[6], mounts=v[7]))
+        nodes_parts[part.name] = pulumi.Output.all(
+            sub, nodes_group.group_name, parts[part.name].group_id, net.subnet_id, ident.id,
+            node.apply(node_custom_data)).apply(
+            lambda v, part=part: derive.partition_nodes(
+                cfg, part, subscription_id=v[0], resource_group=v[1], group_id=v[2], subnet_id=v[3],
+                identity_id=v[4], custom_data=v[5]))
+    nodes = pulumi.Output.all(pulumi.Output.all(**nodes_parts), ident.controller_client_id).apply(
+        lambda v: derive.nodes_config(cfg, v[0], v[1]))
+    settings = pulumi.Output.all(store.container_url, jobs.queue_url, slurm_, shared.controller_mounts,
+                                 ident.controller_client_id, group.group_name, sub, secrets.vault_name).apply(
+        lambda v: derive.controller_settings(
+            cfg, container_url=v[0], queue_url=v[1], slurm_=v[2], mounts=v[3], client_id=v[4],
+            resource_group=v[5], subscription_id=v[6], key_vault=v[7]))
+    custom_data = pulumi.Output.all(net.controller_address, settings, nodes).apply(
+        lambda v: encode(controller_user_data(cfg, *v)))
+    controller = Controller("controller", ControllerArgs(
+        prefix=name, size=cfg.controller.instance_type, resource_group=group.group_name, location=location,
+        image=derive.image(cfg.image), network_interface_id=net.controller_nic.id, identity_id=ident.controller_id,
+        ssh_public_key=cfg.ssh_public_key, custom_data=custom_data, disk_encryption_set_id=None, tags=tags,
+        # its rights, its file systems and its secret before it boots
+        wait_for=(*ident.controller_roles, secrets.munge_keep_role, shared, *parts.values())))
+    monitoring.watch_controller(controller.vm.id)
+
+    return {
         "resourceGroup": group.group_name,
+        "nodesResourceGroup": nodes_group.group_name,
         "location": location,
         "vnetCidr": derive.VNET_CIDR,
         "subnetId": net.subnet_id,
+        "controllerSubnetId": net.controller_subnet_id,
         "storageAccount": store.account.name,
         "containerUrl": store.container_url,
         "queueUrl": jobs.queue_url,
         "poisonQueueUrl": jobs.poison_url,
-        "vmssName": vmss.vmss_name,
-        "vmssId": vmss.id,
+        "controller": controller.vm.name,
+        "controllerId": controller.vm.id,
+        "controllerAddress": net.controller_address,
+        "controllerIdentityClientId": ident.controller_client_id,
+        "controllerIdentityPrincipalId": ident.controller_principal_id,
+        "partitions": [p.name for p in cfg.partitions],
+        "partitionGroups": pulumi.Output.all(**{n: p.group_id for n, p in parts.items()}),
         "identityClientId": ident.client_id,
         "identityPrincipalId": ident.principal_id,
         "registry": images.login_server,
         "keyVault": secrets.vault_name,
+        "mungeKeySecret": secrets.munge_url,
+        "mungeKeySecretId": secrets.munge.id,
+        "sharedFilesAccount": shared.account.name,
+        "sharedFileShares": {share: fs.name for share, fs in shared.shares.items()},
+        "homeShare": shared.node_mounts.apply(lambda m: m[0]["source"]),
+        "actionGroup": monitoring.action_group.id,
+        "checkpointUriTemplate": store.container_url.apply(lambda u: f"{u}/jobs/<job_id>/"),
     }
-    if queue_mode:
-        scaler = Autoscale("autoscale", AutoscaleArgs(
-            name=f"{name}-autoscale", resource_group=group.group_name, location=location, scale_set_id=vmss.id,
-            capacity=derive.capacity(cfg),
-            rules=derive.queue_rules(store.account_id.apply(derive.queue_metric_uri)),
-            alerts=cfg.alert_targets, tags=tags))
-        outputs["autoscaleSetting"] = scaler.setting.name
-    return outputs

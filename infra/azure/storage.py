@@ -1,5 +1,6 @@
 """Storage: a locked-down account (HTTPS/TLS1.2 only, Entra ID auth only, infrastructure encryption,
-firewall admitting the node subnet only) and a private blob container for checkpoints."""
+firewall admitting the stack's two subnets only, through their service endpoints) and a private blob container
+for checkpoints, records and logs. The job queues live in it too (infra/azure/queue.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ class StorageArgs:
     account_name: str
     resource_group: pulumi.Input[str]
     location: str
-    subnet_id: pulumi.Input[str]
+    subnet_ids: tuple[pulumi.Input[str], ...]   # the node subnet, the controller subnet
     tags: dict
     soft_delete_days: int = 7
 
@@ -48,13 +49,14 @@ class Storage(pulumi.ComponentResource):
                 services=storage.EncryptionServicesArgs(blob=encrypted, file=encrypted,
                                                         queue=encrypted, table=encrypted),
             ),
-            # Service-endpoint traffic from the node subnet is the only data-plane access.
+            # Service-endpoint traffic from the stack's subnets is the only data-plane access.
             public_network_access="Enabled",
             network_rule_set=storage.NetworkRuleSetArgs(
                 default_action="Deny",
                 bypass="AzureServices",
-                virtual_network_rules=[storage.VirtualNetworkRuleArgs(
-                    virtual_network_resource_id=args.subnet_id, action="Allow")],
+                virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=subnet,
+                                                                      action="Allow")
+                                       for subnet in args.subnet_ids],
             ),
             tags=args.tags,
             opts=child,

@@ -1,4 +1,4 @@
-"""Key Vault: the secrets jobs name in their env (`{"keyvault": NAME}`), read by the nodes' identity only, over a
+"""Key Vault: the Slurm cluster's munge key, and the secrets jobs name in their env (`{"keyvault": NAME}`), over a
 private path.
 
 A standard vault with RBAC authorization (no access policies), soft delete and purge protection (a deleted
@@ -7,6 +7,16 @@ services bypass: a private endpoint in the node subnet and the `privatelink.vaul
 the VNet resolve `<vault>.vault.azure.net` to a private address. The nodes' identity holds Key Vault Secrets User
 (read secret values) on this vault only; people who set secrets need Key Vault Secrets Officer and the same
 private path. Nodes find the vault by name in node.json (`azure.key_vault`).
+
+The munge key authenticates every Slurm message of the cluster. The program makes its secret holding the
+placeholder "unset" (tag gpufleet-munge: unset); the controller generates the key at its first boot and stores it
+as a new version (trainer.clouds.azure_nodes.munge_key), so the key is never in the Pulumi state, user-data, a
+preview or an output. Any update of the secret through Resource Manager would write a new version holding the
+placeholder over the key, so the program never updates it: its value and tags are ignored after creation. The
+controller's identity may get, list and set this secret's versions (a custom role on the secret alone); the
+nodes' may read it (Key Vault Secrets User on the secret, which their vault-wide read for job secrets also
+covers). Key Vault keeps secrets encrypted at rest with keys Microsoft manages in its HSMs; a standard vault has
+no customer-managed key for its secrets.
 """
 from __future__ import annotations
 
@@ -16,9 +26,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
-from pulumi_azure_native import authorization, keyvault
+from pulumi_azure_native import keyvault
 
 from infra.azure import derive
+from infra.azure.identity import builtin, custom_role, custom_role_id, grant
 from infra.azure.private_link import private_endpoint
 
 SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"  # built-in role: Key Vault Secrets User (read values)
@@ -44,7 +55,10 @@ class VaultArgs:
     subnet_id: pulumi.Input[str]           # where the private endpoint's address lives (the node subnet)
     vnet_id: pulumi.Input[str]             # the VNet the private DNS zone resolves for
     subscription_id: pulumi.Input[str]
+    resource_group_id: pulumi.Input[str]   # where the munge keeper role is defined
+    stack: str
     principal_id: pulumi.Input[str]        # the nodes' identity
+    controller_principal_id: pulumi.Input[str]
     tags: dict
 
 
@@ -79,14 +93,28 @@ class Vault(pulumi.ComponentResource):
             name, endpoint_name=f"{args.name}-vault", link_name=f"{args.name}-vnet", target_id=self.vault.id,
             group=PRIVATE_LINK_GROUP, zone=PRIVATE_DNS_ZONE, resource_group=args.resource_group,
             location=args.location, subnet_id=args.subnet_id, vnet_id=args.vnet_id, tags=args.tags, opts=child)
-        self.read_role = authorization.RoleAssignment(
-            f"{name}-secrets-user",
-            principal_id=args.principal_id,
-            principal_type="ServicePrincipal",
-            role_definition_id=pulumi.Output.from_input(args.subscription_id).apply(
-                lambda sub: derive.role_definition_id(sub, SECRETS_USER)),
-            scope=self.vault.id,
-            opts=child,
+        secrets_user = builtin(args.subscription_id, SECRETS_USER)
+        self.read_role = grant(f"{name}-secrets-user", args.principal_id, secrets_user, self.vault.id, child)
+        self.munge = keyvault.Secret(
+            f"{name}-munge",
+            secret_name=derive.MUNGE_SECRET,
+            vault_name=self.vault.name,
+            resource_group_name=args.resource_group,
+            properties=keyvault.SecretPropertiesArgs(value=derive.MUNGE_PLACEHOLDER, content_type="text/plain"),
+            tags={**args.tags, derive.MUNGE_TAG: derive.MUNGE_PLACEHOLDER},
+            # Created once: an update would store the placeholder as the newest version, over the controller's key.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["properties", "tags"]),
         )
+        self.munge_read_role = grant(f"{name}-munge-reader", args.principal_id, secrets_user, self.munge.id, child)
+        keeper = custom_role(
+            f"{name}-munge-keeper", args.subscription_id, args.stack, args.location, args.resource_group_id,
+            "munge-keeper", "gpufleet: the Slurm controller stores and reads the cluster's munge key",
+            data_actions=derive.MUNGE_KEEPER_DATA_ACTIONS, opts=child)
+        self.munge_keep_role = grant(
+            f"{name}-munge-keeper-assignment", args.controller_principal_id,
+            custom_role_id(args.subscription_id, args.stack, args.location, "munge-keeper"), self.munge.id,
+            pulumi.ResourceOptions(parent=self, depends_on=[keeper]))
         self.vault_name = self.vault.name
-        self.register_outputs({"vaultName": self.vault_name})
+        self.munge_url = self.vault.name.apply(derive.munge_secret_url)
+        self.register_outputs({"vaultName": self.vault_name, "mungeSecretId": self.munge.id,
+                               "mungeSecretUrl": self.munge_url})

@@ -1,13 +1,14 @@
 """The box's one long-lived process (``python -m infra.box serve``, started in the background by `box up`).
 
 It holds the account (moto server with the dev stack's bucket and queues, from its preview, as the demo made
-them), a fake metadata endpoint per node, the box's own munged, slurmctld and the bridge (each of the last two
-started again when it dies, as systemd's Restart=always does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving
-starts and stops them (trainer.slurm.nodes, the local provider). A node's notice file (`box notice NODE`) turns
-into a spot interruption notice at its metadata endpoint.
+them), a fake metadata endpoint per node, the box's own munged, slurmctld, the bridge and the healer of DOWN nodes
+(`python -m trainer nodes heal`; each of the last three started again when it dies, as systemd's Restart=always
+does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving starts and stops them
+(trainer.slurm.nodes, the local provider). A node's notice file (`box notice NODE`) turns into a spot interruption
+notice at its metadata endpoint. The bridge and the healer publish the controller's gauges to the box's EMF file.
 
-SIGTERM stops it all: the bridge, the nodes (their slurmd, watchers and jobs), slurmctld, munged, moto, and
-anything left below this process; then state.json is removed.
+SIGTERM stops it all: the bridge and the healer, the nodes (their slurmd, watchers and jobs), slurmctld, munged,
+moto, and anything left below this process; then state.json is removed.
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class Supervisor:
         self.start_controller()
         self.wait_controller()
         self.start_bridge()
+        self.start_heal()
         state = {"pid": os.getpid(), "dir": str(L.root), "stack": self.stack, "endpoint": self.account.endpoint,
                  "region": r.region, "bucket": r.bucket_name, "queue_url": self.account.queue_url,
                  "dlq_url": self.account.dlq_url, "slurm_conf": str(L.slurm_conf),
@@ -137,13 +139,24 @@ class Supervisor:
         self.procs["bridge"] = self._spawn("bridge", [
             self.python, "-m", "trainer", "controller", "--queue-url", self.account.queue_url,
             "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
-            "--instance-type", L.instance_type])
+            "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace])
+
+    def start_heal(self) -> None:
+        """The healer of DOWN nodes (as Slurm's administrator: this box's SlurmUser is the user running it)."""
+        self.procs["heal"] = self._spawn("heal", [
+            self.python, "-m", "trainer", "nodes", "heal", "--metric-namespace", self.metric_namespace])
+
+    @property
+    def metric_namespace(self) -> str:
+        from trainer.node.metric_names import namespace
+
+        return namespace(self.stack)
 
     # --- while it runs ---------------------------------------------------------------------------------------
 
     def tend(self) -> None:
-        """Notices asked for become the nodes' metadata; a dead slurmctld or bridge is started again; the orphans
-        that came to this subreaper (the daemons' forks: slurmd, slurmstepd) are reaped when they exit."""
+        """Notices asked for become the nodes' metadata; a dead slurmctld, bridge or healer is started again; the
+        orphans that came to this subreaper (the daemons' forks: slurmd, slurmstepd) are reaped when they exit."""
         for name, imds in self.imds.items():
             asked = self.layout.notice_file(name).exists()
             has = "meta-data/spot/instance-action" in imds.items
@@ -153,7 +166,8 @@ class Supervisor:
             elif has and not asked:
                 with imds._lock:
                     imds.items.pop("meta-data/spot/instance-action", None)
-        for name, start in (("slurmctld", self.start_controller), ("bridge", self.start_bridge)):
+        for name, start in (("slurmctld", self.start_controller), ("bridge", self.start_bridge),
+                            ("heal", self.start_heal)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None and not self.stopping:
                 log.warning("%s exited (%s); starting it again", name, proc.returncode)
@@ -174,10 +188,11 @@ class Supervisor:
         self.stopping = True
         from trainer.slurm.nodes import LocalProvider
 
-        bridge = self.procs.pop("bridge", None)
-        if bridge is not None:
-            bridge.terminate()
-            _wait(bridge, 10)
+        for name in ("bridge", "heal"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.terminate()
+                _wait(proc, 10)
         if self.layout.nodes_config.exists():
             try:
                 LocalProvider(json.loads(self.layout.nodes_config.read_text()), str(self.layout.nodes_config)) \

@@ -351,7 +351,7 @@ def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) ->
         if all(r.state == "done" for r in table):
             nodes_of = {r.job: r.nodes for r in table}
             return pg.summarize(jobs, files, args.steps, notice, res.instance_types,
-                                doc.get("cost", {}).get("prices", {}), nodes_of), records
+                                (doc.get("cost", {}).get("partitions") or [{}])[0].get("prices", {}), nodes_of), records
         if time.monotonic() > deadline:
             raise DemoFailure(f"the jobs did not finish within {args.timeout} s")
         time.sleep(POLL_S)

@@ -1,7 +1,8 @@
 """What the demo creates in moto, read from a stack's preview document: pure functions, no I/O.
 
 ``stack_resources`` picks the stack's KMS key, bucket (and its settings resources), job queue,
-dead-letter queue (and their policies) and autoscaling group out of the preview's ``resources`` and
+dead-letter queue (and their policies) and the instance types of its first Slurm partition out of the preview's
+``resources`` and
 ``outputs``. The ``*_requests`` functions turn them into boto3 calls (``(operation, params)``) with the
 provider's inputs as the preview recorded them; ids and ARNs only known once moto has created a
 resource (the KMS key's) replace the preview's mock ones through ``substitute``.
@@ -19,7 +20,7 @@ BUCKET = "aws:s3/bucket:Bucket"
 QUEUE = "aws:sqs/queue:Queue"
 QUEUE_POLICY = "aws:sqs/queuePolicy:QueuePolicy"
 REDRIVE_ALLOW = "aws:sqs/redriveAllowPolicy:RedriveAllowPolicy"
-GROUP = "aws:autoscaling/group:Group"
+PARTITION = "gpufleet:aws:Partition"
 BUCKET_SETTINGS = {  # resource type -> the boto3 S3 operation that applies it
     "aws:s3/bucketVersioning:BucketVersioning": "put_bucket_versioning",
     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": "put_bucket_encryption",
@@ -75,16 +76,11 @@ class StackResources:
     bucket_settings: list[dict]    # resources whose input `bucket` is the bucket, in BUCKET_SETTINGS order
     jobs: Queue
     dlq: Queue
-    group: dict                    # the autoscaling group resource
-    instance_types: list[str] = field(default_factory=list)
+    instance_types: list[str] = field(default_factory=list)   # the first partition's (what the box's nodes are)
 
     @property
     def bucket_name(self) -> str:
         return self.bucket["id"]
-
-    @property
-    def group_name(self) -> str:
-        return self.group["inputs"].get("name") or self.group["id"]
 
 
 def _one(resources: list[dict], rtype: str, **match: Any) -> dict:
@@ -130,11 +126,12 @@ def stack_resources(doc: dict) -> StackResources:
         return Queue(queue_name(url), url, queue_arn(url, region), q["inputs"],
                      policy[0] if policy else None, allow[0] if allow else None)
 
-    group = _one(res, GROUP, id=out["autoscalingGroup"])
-    overrides = (group["inputs"].get("mixedInstancesPolicy", {}).get("launchTemplate", {}).get("overrides", []))
-    types = [o["instanceType"] for o in overrides if o.get("instanceType")] or list(doc["config"]["instanceTypes"])
+    partitions = [r for r in res if r["type"] == PARTITION]
+    if not partitions:
+        raise PreviewMismatch(f"the preview has no {PARTITION}; the demo needs a Slurm partition")
+    types = list(partitions[0]["inputs"]["instanceTypes"])
     return StackResources(doc["stack"], region, key, out["kmsKey"], aliases[0]["inputs"]["name"] if aliases else None,
-                          bucket, settings, queue(out["queueUrl"]), queue(out["dlqUrl"]), group, types)
+                          bucket, settings, queue(out["queueUrl"]), queue(out["dlqUrl"]), types)
 
 
 def substitute(value: Any, mapping: dict[str, str]) -> Any:

@@ -4,7 +4,7 @@
 
     {"added": [res], "removed": [res], "renamed": [rename], "changed": [change],
      "policy": {"appeared": [violation], "disappeared": [violation]},
-     "cost": {"delta_monthly_usd": {"min", "desired", "max"}},   # head minus base
+     "cost": {"delta_monthly_usd": {"idle", "full"}, "currency"},   # head minus base, in head's currency
      "summary": {...counts...}}
 
 where ``res`` is ``{"urn", "type", "name"}``, ``change`` is ``{"urn", "type", "name", "paths", "values",
@@ -39,6 +39,7 @@ _PULUMI_SECRET_SIG = "4dabf18193072939515e22adb298388d"
 _SECRET_KEY = re.compile(r"(password|secret|token|privatekey|private_key|connectionstring|accesskey|sasurl)", re.I)
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-:/@+=$]+$")
 
+ANY = "*"  # every change replaces (a resource the provider cannot update)
 # Replace-causing input properties per resource type (paths as above; a change at or under one replaces).
 # AWS: the Terraform provider's ForceNew arguments that pulumi-aws maps to these camelCase inputs.
 # azure-native: the resource's URL path (its name and resourceGroupName) plus `location` are immutable.
@@ -83,12 +84,22 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "aws:iam/policy:Policy": ("name", "namePrefix", "path", "description"),
     "aws:iam/rolePolicy:RolePolicy": ("name", "namePrefix", "role"),
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": ("role", "policyArn"),
-    "aws:iam/serviceLinkedRole:ServiceLinkedRole": ("awsServiceName", "customSuffix"),
+    "aws:secretsmanager/secret:Secret": ("name", "namePrefix"),
     # compute: a launch template change (instanceType, userData, ...) makes a new version, not a replacement
     "aws:ec2/launchTemplate:LaunchTemplate": ("name", "namePrefix"),
-    "aws:autoscaling/group:Group": ("name", "namePrefix"),
-    "aws:autoscaling/lifecycleHook:LifecycleHook": ("name", "autoscalingGroupName"),
-    "aws:autoscaling/policy:Policy": ("name", "autoscalingGroupName"),
+    # the controller: its user-data is replace-on-change (its state is on the shared file system)
+    "aws:ec2/instance:Instance": ("ami", "availabilityZone", "associatePublicIpAddress", "hostId", "keyName",
+                                  "networkInterfaces", "placementGroup", "privateIp", "subnetId", "tenancy",
+                                  "userData", "userDataBase64", "rootBlockDevice.encrypted",
+                                  "rootBlockDevice.kmsKeyId"),
+    "aws:ec2/networkInterface:NetworkInterface": ("subnetId", "interfaceType"),
+    # the shared file system
+    "aws:efs/fileSystem:FileSystem": ("creationToken", "encrypted", "kmsKeyId", "performanceMode",
+                                      "availabilityZoneName"),
+    "aws:efs/accessPoint:AccessPoint": ("fileSystemId", "posixUser", "rootDirectory"),
+    "aws:efs/mountTarget:MountTarget": ("fileSystemId", "subnetId", "ipAddress"),
+    "aws:efs/fileSystemPolicy:FileSystemPolicy": ("fileSystemId",),
+    "aws:efs/backupPolicy:BackupPolicy": ("fileSystemId",),
     # registry: a repository's encryption is fixed at creation
     "aws:ecr/repository:Repository": ("name", "encryptionConfigurations"),
     "aws:ecr/lifecyclePolicy:LifecyclePolicy": ("repository",),
@@ -120,8 +131,20 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "azure-native:authorization:RoleAssignment": ("roleAssignmentName", "scope", "principalId",
                                                   "roleDefinitionId"),
     "azure-native:compute:VirtualMachineScaleSet": ("vmScaleSetName", "orchestrationMode",
-                                                    "platformFaultDomainCount", "virtualMachineProfile.priority"),
-    "azure-native:monitor:AutoscaleSetting": ("autoscaleSettingName",),
+                                                    "platformFaultDomainCount", "singlePlacementGroup"),
+    "azure-native:compute:VirtualMachine": ("vmName", "osProfile.computerName", "osProfile.adminUsername",
+                                            "osProfile.customData", "storageProfile.osDisk.createOption",
+                                            "priority", "availabilitySet", "virtualMachineScaleSet", "zones"),
+    "azure-native:compute:AvailabilitySet": ("availabilitySetName", "platformFaultDomainCount",
+                                             "platformUpdateDomainCount"),
+    "azure-native:network:NetworkInterface": ("networkInterfaceName",),
+    "azure-native:network:NatGateway": ("natGatewayName", "zones"),
+    "azure-native:network:PublicIPAddress": ("publicIpAddressName", "sku", "zones", "publicIPAddressVersion"),
+    "azure-native:authorization:RoleDefinition": ("roleDefinitionId", "scope"),
+    "azure-native:keyvault:Secret": ("secretName", "vaultName"),
+    "azure-native:storage:FileShare": ("shareName", "accountName", "enabledProtocols"),
+    "azure-native:monitor:ActionGroup": ("actionGroupName",),
+    "azure-native:monitor:MetricAlert": ("ruleName",),
     "azure-native:containerregistry:Registry": ("registryName",),
     "azure-native:keyvault:Vault": ("vaultName",),
     "azure-native:network:PrivateEndpoint": ("privateEndpointName", "subnet"),
@@ -141,9 +164,18 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "tencentcloud:Cam/policy:Policy": ("name",),
     "tencentcloud:Cam/group:Group": ("name",),
     "tencentcloud:Cam/rolePolicyAttachment:RolePolicyAttachment": ("roleId", "policyId"),
-    "tencentcloud:As/scalingConfig:ScalingConfig": (),
-    "tencentcloud:As/scalingGroup:ScalingGroup": ("vpcId",),
-    "tencentcloud:As/lifecycleHook:LifecycleHook": ("scalingGroupId",),
+    # the controller: its user-data is replace-on-change (its state is on the shared file system)
+    "tencentcloud:Instance/instance:Instance": ("availabilityZone", "allocatePublicIp", "dataDisks", "imageId",
+                                                "launchTemplateId", "privateIp", "spotMaxPrice", "subnetId",
+                                                "userData", "userDataRaw", "vpcId"),
+    # a launch template has no update: any change makes a new one
+    "tencentcloud:Cvm/launchTemplate:LaunchTemplate": (ANY,),
+    "tencentcloud:Cfs/fileSystem:FileSystem": ("availabilityZone", "protocol", "storageType", "vpcId", "subnetId",
+                                               "mountIp"),
+    "tencentcloud:Cfs/accessGroup:AccessGroup": (),
+    "tencentcloud:Cfs/accessRule:AccessRule": ("accessGroupId",),
+    "tencentcloud:Ssm/secret:Secret": ("secretName", "kmsKeyId"),
+    "tencentcloud:Ssm/secretVersion:SecretVersion": ("secretName", "versionId"),
     "tencentcloud:Tcmq/queue:Queue": ("queueName",),
     "tencentcloud:Cls/logset:Logset": (),
     "tencentcloud:Cls/topic:Topic": ("logsetId",),
@@ -151,7 +183,6 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "tencentcloud:Monitor/alarmPolicy:AlarmPolicy": ("monitorType", "namespace"),
     "tencentcloud:Monitor/policyBindingObject:PolicyBindingObject": ("policyId", "dimensions"),
     "tencentcloud:Billing/budget:Budget": (),
-    "tencentcloud:Scf/function:Function": ("name", "namespace"),
 }
 _AZURE_ALWAYS = ("resourceGroupName", "location")
 
@@ -159,6 +190,8 @@ _AZURE_ALWAYS = ("resourceGroupName", "location")
 def replace_paths(rtype: str, paths: list[str]) -> list[str]:
     """The changed paths that force replacement of a resource of type `rtype`."""
     props = REPLACE_ON.get(rtype, ())
+    if ANY in props:
+        return list(paths)
     if rtype.startswith("azure-native:"):
         props = props + _AZURE_ALWAYS
     return [p for p in paths if any(p == q or p.startswith((q + ".", q + "[")) for q in props)]
@@ -278,10 +311,19 @@ def _policy_delta(base: dict, head: dict) -> dict[str, list[dict]]:
             "disappeared": [old[k] for k in sorted(set(old) - set(new))]}
 
 
+COST_SIZES = ("idle", "full")
+
+
 def _cost_delta(base: dict, head: dict) -> dict[str, float]:
+    """Head minus base of the monthly cost idle and at full size; a size a document lacks counts 0 (a base
+    preview written before the Slurm cost model has min/desired/max instead)."""
     old = (base.get("cost") or {}).get("monthly_usd") or {}
     new = (head.get("cost") or {}).get("monthly_usd") or {}
-    return {k: round(new.get(k, 0.0) - old.get(k, 0.0), 2) for k in ("min", "desired", "max")}
+    return {k: round((new.get(k) or 0.0) - (old.get(k) or 0.0), 2) for k in COST_SIZES}
+
+
+def _cost_currency(base: dict, head: dict) -> str:
+    return (head.get("cost") or {}).get("currency") or (base.get("cost") or {}).get("currency") or "USD"
 
 
 def compute(base: dict, head: dict) -> dict:
@@ -309,7 +351,7 @@ def compute(base: dict, head: dict) -> dict:
         "renamed": [{"from": o, "to": n, "type": old[o]["type"]} for o, n in sorted(moved.items())],
         "changed": changed,
         "policy": _policy_delta(base, head),
-        "cost": {"delta_monthly_usd": _cost_delta(base, head)},
+        "cost": {"delta_monthly_usd": _cost_delta(base, head), "currency": _cost_currency(base, head)},
     }
     result["summary"] = {
         "added": len(result["added"]), "removed": len(result["removed"]), "renamed": len(result["renamed"]),

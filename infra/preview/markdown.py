@@ -14,7 +14,6 @@ STACK_TYPE = "pulumi:pulumi:Stack"
 ROOT = "(stack)"
 _SEVERITY = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 _LEVEL = {"mandatory": 0, "remediate": 1, "advisory": 2}
-LEVELS = ("min", "desired", "max")
 MAX_PATHS = 8
 MAX_NAMES = 12
 MAX_VALUE = 48
@@ -149,9 +148,10 @@ def _summary(doc: dict, owner: dict[str, str], violations: list[dict]) -> str:
     parts = [f"**{_plural(len(owner), 'resource')}** in {_plural(len(set(owner.values())), 'component')}",
              f"policy: {verdict}"]
     cost = doc.get("cost") or {}
-    if cost.get("monthly_usd"):
-        m, cur = cost["monthly_usd"], currency_of(doc)
-        parts.append(f"cost: {money(m['desired'], cur)}/month at desired, {money(m['max'], cur)} at max")
+    m = cost.get("monthly_usd") or {}
+    if "idle" in m and "full" in m:
+        cur = currency_of(doc)
+        parts.append(f"cost: {money(m['idle'], cur)}/month idle, {money(m['full'], cur)} at full size")
     return " · ".join(parts)
 
 
@@ -178,41 +178,57 @@ def _policy_section(doc: dict, violations: list[dict]) -> list[str]:
 
 
 def _cost_section(cost: dict) -> list[str]:
-    if not cost.get("rows"):
+    """Per partition its prices and its month idle and at full size, then the controller and the fixed items,
+    the usage-based prices, the budget and what is not included."""
+    if not cost.get("partitions") or "idle" not in (cost.get("monthly_usd") or {}):
         return []
-    od, spot = cost["prices"]["on_demand"], cost["prices"]["spot"]
-    chosen = "spot" if cost["purchase"] == "spot" else "on-demand"
     cur = cost.get("currency") or "USD"
     amount, rate_ = (lambda x: money(x, cur)), (lambda x: rate(x, cur))
     in_currency = "" if cur == "USD" else f" in {cur}"
+    monthly = cost["monthly_usd"]
     lines = ["### Monthly cost", "",
              f"List prices{in_currency} of {cost['price_region']} as of {cost['price_date']}, "
-             f"{cost['hours_per_month']} h/month (stack region {cost['region']}).", "",
-             f"| nodes | count | on-demand | spot | this stack ({chosen} + fixed) |", "|---|---:|---:|---:|---:|"]
-    for level in LEVELS:
-        row = cost["rows"][level]
-        lines.append(f"| {level} | {row['nodes']} | {amount(row['on_demand_usd'])} | {amount(row['spot_usd'])} | "
-                     f"**{amount(cost['monthly_usd'][level])}** |")
-    lines += ["", f"- on-demand: `{od['instance_type']}` at {rate_(od['usd_hour'])}/h ({od['basis']})",
-              f"- spot: `{spot['instance_type']}` at {rate_(spot['usd_hour'])}/h ({spot['basis']}, planning "
-              f"ratio to on-demand)" + (f"; the first {cost['on_demand_base']} node(s) on-demand"
-                                        if cost.get("on_demand_base") else "")]
-    if cost.get("node_disk"):
-        disk = cost["node_disk"]
-        lines.append(f"- every node also carries its {disk['item']} at {amount(disk['usd_month'])}/month "
-                     "(in both columns)")
+             f"{cost['hours_per_month']} h/month (stack region {cost['region']}). Idle: the controller, the fixed "
+             "items and the always-on nodes; full: every partition at its maximum size.", "",
+             "| partition | nodes always on / max | on-demand | spot | idle | full |",
+             "|---|---:|---|---|---:|---:|"]
+    for p in cost["partitions"]:
+        od, spot = p["prices"]["on_demand"], p["prices"]["spot"]
+        lines.append(f"| `{p['name']}` ({p['purchase']}) | {p['always_on']} / {p['nodes_max']} | "
+                     f"`{od['instance_type']}` {rate_(od['usd_hour'])}/h | "
+                     f"`{spot['instance_type']}` {rate_(spot['usd_hour'])}/h | {amount(p['idle_usd'])} | "
+                     f"{amount(p['full_usd'])} |")
+    fixed = cost.get("fixed_monthly_usd", 0.0)
+    lines += [f"| controller and fixed items | | | | {amount(fixed)} | {amount(fixed)} |",
+              f"| **this stack** | | | | **{amount(monthly['idle'])}** | **{amount(monthly['full'])}** |", ""]
+    for p in cost["partitions"]:
+        od_basis, spot_basis = p["prices"]["on_demand"]["basis"], p["prices"]["spot"]["basis"]
+        if p["purchase"] == "on-demand":
+            how = f"on-demand at the {od_basis}"
+        else:
+            how = f"spot at the {spot_basis} (planning ratio to on-demand)"
+            if p.get("on_demand_base"):
+                how = f"the first {p['on_demand_base']} node(s) on-demand at the {od_basis}, the rest {how}"
+        text = f"- `{p['name']}`: {how}"
+        disk = p.get("node_disk")
+        if disk:
+            text += f"; each node also carries its {disk['item']} at {amount(disk['usd_month'])}/month"
+        lines.append(text)
     if cost.get("fixed"):
         items = [f"{f['item']} {f['quantity']} × {amount(f['usd_month_each'])} = {amount(f['monthly_usd'])}"
                  for f in cost["fixed"]]
-        lines.append("- fixed per month: " + "; ".join(items))
-    if cost.get("excluded"):
-        lines.append(f"- not included: {cost['excluded']}")
+        lines.append("- controller and fixed items per month: " + "; ".join(items))
+    if cost.get("usage"):
+        items = [f"{u['item']} {rate_(u['usd_each'])} per {u['unit']}" for u in cost["usage"]]
+        lines.append("- usage-based, not in the totals: " + "; ".join(items))
     budget = cost.get("budget")
     if budget:
-        state = ("✅ within budget at max" if budget["within_at_max"] else
-                 "⚠️ over budget at max" if budget["within_at_desired"] else "❌ over budget at desired")
-        lines.append(f"- budget {amount(budget['monthly_usd'])}/month: {state} ({budget['used_at_max_pct']}% used "
-                     f"at max, headroom {signed_money(budget['headroom_at_max_usd'], cur)})")
+        state = ("✅ within budget at full size" if budget["within_at_full"] else
+                 "⚠️ over budget at full size" if budget["within_when_idle"] else "❌ over budget when idle")
+        lines.append(f"- budget {amount(budget['monthly_usd'])}/month: {state} ({budget['used_at_full_pct']}% used "
+                     f"at full size, headroom {signed_money(budget['headroom_at_full_usd'], cur)})")
+    if cost.get("excluded"):
+        lines.append(f"- not included: {cost['excluded']}")
     return lines + [""]
 
 
@@ -272,9 +288,8 @@ def _diff_section(doc: dict) -> list[str]:
     lines = ["### Changes against the base branch", ""]
     counts = [f"{s['added']} to add", f"{s['removed']} to remove", f"{s['updated']} to update",
               f"{s['replaced']} to replace", f"{s['renamed']} renamed"]
-    lines.append(", ".join(counts) + f"; cost per month {signed_money(delta['min'], cur)} at min, "
-                 f"{signed_money(delta.get('desired', 0.0), cur)} at desired, {signed_money(delta['max'], cur)} "
-                 "at max.")
+    lines.append(", ".join(counts) + f"; cost per month {signed_money(delta.get('idle', 0.0), cur)} idle, "
+                 f"{signed_money(delta.get('full', 0.0), cur)} at full size.")
     lines.append("")
     rows = []
     for r in diff["added"]:

@@ -156,16 +156,6 @@ def _iam_named(kind: str, id_is_arn: bool = False) -> Handler:
     return handler
 
 
-def _service_linked_role(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
-    service = inputs.get("awsServiceName", "")
-    base = "AWSServiceRoleFor" + {"autoscaling.amazonaws.com": "AutoScaling"}.get(service, service.split(".")[0])
-    rname = base + (f"_{inputs['customSuffix']}" if inputs.get("customSuffix") else "")
-    path = f"/aws-service-role/{service}/"
-    arn = m.arn("iam", f"role{path}{rname}", region=False)
-    return arn, {"name": rname, "arn": arn, "path": path,
-                 "uniqueId": "AROA" + digest(m.stack, typ, name, n=17).upper()}
-
-
 def _role_policy(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     pname = inputs.get("name") or m.auto_name(typ, name)
     return f"{inputs.get('role', '')}:{pname}", {"name": pname}
@@ -226,17 +216,38 @@ def _placement_group(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tupl
                    "arn": m.arn("ec2", f"placement-group/{pname}")}
 
 
-def _asg(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
-    gname = inputs.get("name") or m.auto_name(typ, name)
-    arn = m.arn("autoscaling", f"autoScalingGroup:{fake_uuid(m.stack, typ, name)}:autoScalingGroupName/{gname}")
-    return gname, {"name": gname, "arn": arn}
+def _private_ip(m: PreviewMocks, typ: str, name: str) -> str:
+    """A made-up address in the stack VPC's first subnet (10.42.0.0/19), the same for the same resource."""
+    h = int(digest(m.stack, typ, name, n=4), 16)
+    return f"10.42.{h % 31}.{h // 31 % 250 + 4}"
 
 
-def _asg_policy(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
-    pname = inputs.get("name") or m.auto_name(typ, name)
-    arn = m.arn("autoscaling", f"scalingPolicy:{fake_uuid(m.stack, typ, name)}:autoScalingGroupName/"
-                               f"{inputs.get('autoscalingGroupName', '')}:policyName/{pname}")
-    return pname, {"name": pname, "arn": arn}
+def _eni_extra(m, typ, name, inputs, rid):
+    ip = _private_ip(m, typ, name)
+    return {"privateIp": ip, "privateIps": [ip], "privateDnsName": f"ip-{ip.replace('.', '-')}.ec2.internal",
+            "macAddress": "0e:" + ":".join(digest(name, n=10)[i:i + 2] for i in range(0, 10, 2))}
+
+
+def _instance_extra(m, typ, name, inputs, rid):
+    ip = _private_ip(m, typ, name)
+    return {"privateIp": ip, "privateDns": f"ip-{ip.replace('.', '-')}.ec2.internal", "instanceState": "running"}
+
+
+def _efs(kind: str, prefix: str) -> Handler:
+    """An EFS file system, access point or mount target: ``<prefix>-<17 hex>`` and its ARN."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        rid = m.hexid(prefix, typ, name)
+        out = {"arn": m.arn("elasticfilesystem", f"{kind}/{rid}")}
+        if kind == "file-system":
+            out["dnsName"] = f"{rid}.efs.{m.region}.amazonaws.com"
+        return rid, out
+    return handler
+
+
+def _secretsmanager_secret(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    sname = inputs.get("name") or (inputs.get("namePrefix") or f"{name}-") + digest(m.stack, name, n=8)
+    arn = m.arn("secretsmanager", f"secret:{sname}-{digest(sname, n=6)}")
+    return arn, {"name": sname, "arn": arn}
 
 
 def _named(arn_of: Callable[[PreviewMocks, str], str] | None = None, key: str = "name") -> Handler:
@@ -309,7 +320,6 @@ _AWS: dict[str, Handler] = {
     "aws:iam/instanceProfile:InstanceProfile": _iam_named("instance-profile"),
     "aws:iam/policy:Policy": _iam_named("policy", id_is_arn=True),
     "aws:iam/rolePolicy:RolePolicy": _role_policy,
-    "aws:iam/serviceLinkedRole:ServiceLinkedRole": _service_linked_role,
     "aws:ec2/vpc:Vpc": _with_arn("vpc", "vpc", _vpc_extra),
     "aws:ec2/subnet:Subnet": _with_arn("subnet", "subnet", _subnet_extra),
     "aws:ec2/securityGroup:SecurityGroup": _with_arn("sg", "security-group", _sg_extra),
@@ -327,9 +337,12 @@ _AWS: dict[str, Handler] = {
     "aws:ec2/launchTemplate:LaunchTemplate": _with_arn("lt", "launch-template", _lt_extra),
     "aws:ec2/flowLog:FlowLog": _with_arn("fl", "vpc-flow-log"),
     "aws:ec2/placementGroup:PlacementGroup": _placement_group,
-    "aws:autoscaling/group:Group": _asg,
-    "aws:autoscaling/policy:Policy": _asg_policy,
-    "aws:autoscaling/lifecycleHook:LifecycleHook": _named(),
+    "aws:ec2/networkInterface:NetworkInterface": _with_arn("eni", "network-interface", _eni_extra),
+    "aws:ec2/instance:Instance": _with_arn("i", "instance", _instance_extra),
+    "aws:efs/fileSystem:FileSystem": _efs("file-system", "fs"),
+    "aws:efs/accessPoint:AccessPoint": _efs("access-point", "fsap"),
+    "aws:efs/mountTarget:MountTarget": _efs("mount-target", "fsmt"),
+    "aws:secretsmanager/secret:Secret": _secretsmanager_secret,
     "aws:cloudwatch/logGroup:LogGroup": _named(lambda m, n: m.arn("logs", f"log-group:{n}")),
     "aws:cloudwatch/metricAlarm:MetricAlarm": _named(lambda m, n: m.arn("cloudwatch", f"alarm:{n}")),
     "aws:cloudwatch/dashboard:Dashboard": _dashboard,
@@ -378,9 +391,14 @@ _AZURE_NESTED = {
                                     "privateEndpoints/{privateEndpointName}/privateDnsZoneGroups/{}"),
     "privatedns:PrivateZone": ("privateZoneName", "privateDnsZones/{}"),
     "privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateDnsZones/{privateZoneName}/virtualNetworkLinks/{}"),
+    "storage:FileShare": ("shareName", "storageAccounts/{accountName}/fileServices/default/shares/{}"),
+    "keyvault:Secret": ("secretName", "vaults/{vaultName}/secrets/{}"),
 }
 _AZURE_PARENT_NAMES = ("accountName", "virtualNetworkName", "networkSecurityGroupName", "privateEndpointName",
-                       "privateZoneName")
+                       "privateZoneName", "vaultName")
+# Types whose name input is not the first input ending in "Name", and the path segments ARM spells irregularly.
+_AZURE_NAME_KEY = {"ActionGroup": "actionGroupName"}
+_AZURE_SEGMENT = {"PublicIPAddress": "publicIPAddresses"}
 
 
 def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
@@ -394,18 +412,24 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
     if kind == "RoleAssignment":  # named by a GUID
         rname = inputs.get("roleAssignmentName") or fake_uuid(m.stack, typ, name)
         tail = f"roleAssignments/{rname}"
+    elif kind == "RoleDefinition":  # named by a GUID; ARM reports a custom role's id under its subscription
+        rname = inputs.get("roleDefinitionId") or fake_uuid(m.stack, typ, name)
+        rid = f"{sub}/providers/Microsoft.Authorization/roleDefinitions/{rname}"
+        return rid, {"name": rname, "id": rid, "type": "Microsoft.Authorization/roleDefinitions"}
     elif nested:
         key, path = nested
         rname = inputs.get(key) or m.auto_name(typ, name, sep="", lower=True)
         tail = path.format(rname, **{k: inputs.get(k, "") for k in _AZURE_PARENT_NAMES})
     else:
-        given = next((v for k, v in inputs.items() if k.endswith("Name") and k != "resourceGroupName"
-                      and isinstance(v, str)), None)
+        given = inputs.get(_AZURE_NAME_KEY[kind]) if kind in _AZURE_NAME_KEY else next(
+            (v for k, v in inputs.items() if k.endswith("Name") and k != "resourceGroupName" and isinstance(v, str)),
+            None)
         rname = given or m.auto_name(typ, name, sep="", lower=kind == "StorageAccount")
         if kind == "StorageAccount":
             rname = rname.replace("-", "")[:24]
         tail = f"{kind[0].lower()}{kind[1:]}{'' if kind.endswith('s') else 's'}/{rname}"
         tail = tail.replace("ys/", "ies/") if kind.endswith("y") else tail
+        tail = f"{_AZURE_SEGMENT[kind]}/{rname}" if kind in _AZURE_SEGMENT else tail
     rg = inputs.get("resourceGroupName")
     scope = f"{sub}/resourceGroups/{rg}" if rg else inputs.get("scope", sub)
     rid = f"{scope}/providers/{provider}/{tail}"
@@ -422,6 +446,13 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
         out["loginServer"] = f"{rname.lower()}.azurecr.io"
     elif kind == "PrivateEndpoint":
         out["networkInterfaces"] = [{"id": f"{scope}/providers/Microsoft.Network/networkInterfaces/{rname}.nic"}]
+    elif kind == "VirtualMachine":
+        out["vmId"] = fake_uuid(m.stack, typ, name)
+    elif kind == "Secret":  # its URIs; ARM never returns the value
+        vault_uri = f"https://{inputs.get('vaultName', '')}.vault.azure.net"
+        out["properties"] = {k: v for k, v in (inputs.get("properties") or {}).items() if k != "value"}
+        out["properties"].update(vaultUri=vault_uri, secretUri=f"{vault_uri}/secrets/{rname}",
+                                 secretUriWithVersion=f"{vault_uri}/secrets/{rname}/{digest(m.stack, name, n=32)}")
     identity = inputs.get("identity")
     if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
         # Given as a list of identity ids; Azure reports a map of id to the identity's client/principal.
@@ -480,6 +511,33 @@ def _kms_key_tencent(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tupl
     return key_id, {"keyState": "Enabled" if inputs.get("isEnabled") else "Disabled"}
 
 
+def _tencent_private_ip(m: PreviewMocks, typ: str, name: str) -> str:
+    """A made-up address in the Tencent stack's VPC (10.72.0.0/16), the same for the same resource."""
+    h = int(digest(m.stack, typ, name, n=4), 16)
+    return f"10.72.{h % 48}.{h // 48 % 250 + 4}"
+
+
+def _cvm_instance(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """A CVM: ``ins-`` id, the private IP it was given (or one of the subnet's), running."""
+    rid = m.tencent_id("ins", typ, name)
+    return rid, {"privateIp": inputs.get("privateIp") or _tencent_private_ip(m, typ, name),
+                 "instanceStatus": "RUNNING", "publicIp": "", "createTime": "2025-07-01T00:00:00Z"}
+
+
+def _cfs_file_system(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """A CFS file system: ``cfs-`` id (also its fs_id) and its mount target's address."""
+    rid = m.tencent_id("cfs", typ, name)
+    return rid, {"fsId": rid, "mountIp": inputs.get("mountIp") or _tencent_private_ip(m, typ, name),
+                 "createTime": "2025-07-01 00:00:00"}
+
+
+def _ssm_secret(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """An SSM secret: its name is its id; the KMS key is the one given (or SSM's default). Never a value."""
+    sname = inputs.get("secretName") or m.auto_name(typ, name)
+    return sname, {"secretName": sname, "kmsKeyId": inputs.get("kmsKeyId") or "", "status": "Enabled",
+                   "secretType": 0}
+
+
 def _tencent_generic(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     """Any other Tencent resource: a short id from its module name (``scf-1a2b3c4d``)."""
     module = typ.split(":")[1].split("/")[0].lower()
@@ -500,9 +558,6 @@ _TENCENT: dict[str, Handler] = {
     "tencentcloud:Cam/group:Group": _cam_numbered,
     "tencentcloud:Cam/rolePolicyAttachment:RolePolicyAttachment": lambda m, typ, name, inputs: (
         f"{inputs.get('roleId', '')}#{inputs.get('policyId', '')}", {}),
-    "tencentcloud:As/scalingConfig:ScalingConfig": _short("asc"),
-    "tencentcloud:As/scalingGroup:ScalingGroup": _short("asg"),
-    "tencentcloud:As/lifecycleHook:LifecycleHook": _short("ash"),
     "tencentcloud:Tcmq/queue:Queue": _short("queue"),
     "tencentcloud:Monitor/alarmNotice:AlarmNotice": lambda m, typ, name, inputs: (
         f"notice-{fake_uuid(m.stack, typ, name)}", {}),
@@ -513,9 +568,14 @@ _TENCENT: dict[str, Handler] = {
     "tencentcloud:Cls/topic:Topic": _uuid_named("topicName"),
     "tencentcloud:Billing/budget:Budget": lambda m, typ, name, inputs: (
         _numeric(m, typ, name, 12), {"budgetName": inputs.get("budgetName") or m.auto_name(typ, name)}),
-    "tencentcloud:Scf/function:Function": lambda m, typ, name, inputs: (
-        f"{inputs.get('namespace', 'default')}+{inputs.get('name') or m.auto_name(typ, name)}",
-        {"name": inputs.get("name") or m.auto_name(typ, name), "namespace": inputs.get("namespace", "default")}),
+    "tencentcloud:Instance/instance:Instance": _cvm_instance,
+    "tencentcloud:Cvm/launchTemplate:LaunchTemplate": _short("lt"),
+    "tencentcloud:Cfs/fileSystem:FileSystem": _cfs_file_system,
+    "tencentcloud:Cfs/accessGroup:AccessGroup": _short("pgroup"),
+    "tencentcloud:Cfs/accessRule:AccessRule": _short("rule"),
+    "tencentcloud:Ssm/secret:Secret": _ssm_secret,
+    "tencentcloud:Ssm/secretVersion:SecretVersion": lambda m, typ, name, inputs: (
+        f"{inputs.get('secretName', '')}#{inputs.get('versionId', '')}", {}),
 }
 
 

@@ -45,7 +45,7 @@ def table(doc: dict, width: int | None = None) -> str:
         lines += [f"  {elide(k, key_width):<{key_width}}  {elide(_value(v), width - key_width - 4)}"
                   for k, v in doc["outputs"].items()]
     lines += ["", *_policy(doc.get("policy") or {}, width)]
-    if (cost := doc.get("cost") or {}).get("monthly_usd"):
+    if "idle" in ((cost := doc.get("cost") or {}).get("monthly_usd") or {}):
         lines += ["", *_cost(cost, width)]
     if doc.get("diff"):
         lines += ["", *_diff(doc["diff"], width)]
@@ -59,11 +59,27 @@ def _header(doc: dict) -> str:
     resources = doc["resources"]
     custom = sum(1 for r in resources if r["custom"])
     components = sum(1 for r in resources if not r["custom"] and r["type"] != STACK_TYPE)
-    nodes = cfg.get("nodes", {})
-    fleet = (f"{cfg.get('mode')} mode, {nodes.get('min')}-{nodes.get('max')} x "
-             f"{', '.join(cfg.get('instanceTypes', []))}{' (spot)' if cfg.get('spot') else ''}")
+    fleet = "; ".join(_partition(p) for p in cfg.get("partitions") or []) or _single_group(cfg)
+    controller = (cfg.get("controller") or {}).get("instanceType")
+    if controller:
+        fleet += f"; controller {controller}"
     return (f"Stack {doc['stack']} ({doc['cloud']}, {cfg.get('region')}): {fleet}\n"
             f"{custom} resources to create in {components} components")
+
+
+def _partition(p: dict) -> str:
+    """A Slurm partition: its name, nodes (always on - max), types and how they run."""
+    nodes = p.get("nodes") or {}
+    how = [w for w, on in (("spot", p.get("spot")), ("gang", p.get("gang"))) if on]
+    return (f"partition {p.get('name')} {nodes.get('min', 0)}-{nodes.get('max')} x "
+            f"{', '.join(p.get('instanceTypes', []))}" + (f" ({', '.join(how)})" if how else ""))
+
+
+def _single_group(cfg: dict) -> str:
+    """A document without partitions (written before Slurm): the single group's keys."""
+    nodes = cfg.get("nodes", {})
+    return (f"{cfg.get('mode')} mode, {nodes.get('min')}-{nodes.get('max')} x "
+            f"{', '.join(cfg.get('instanceTypes', []))}{' (spot)' if cfg.get('spot') else ''}")
 
 
 def _tree(resources: list[dict], width: int) -> list[str]:
@@ -146,8 +162,8 @@ def _cost(cost: dict, width: int) -> list[str]:
 
     cur = cost.get("currency") or "USD"
     monthly = cost["monthly_usd"]
-    levels = " / ".join(f"{k} {money(monthly[k], cur)}" for k in ("min", "desired", "max") if k in monthly)
-    line = f"Cost per month ({cost.get('purchase', '')} prices of {cost.get('price_date', '?')}): {levels}"
+    sizes = " / ".join(f"{k} {money(monthly[k], cur)}" for k in ("idle", "full") if k in monthly)
+    line = f"Cost per month (list prices of {cost.get('price_date', '?')}): {sizes}"
     if cur != "USD":
         line = line.replace("Cost per month (", f"Cost per month in {cur} (", 1)
     budget = (cost.get("budget") or {}).get("monthly_usd")

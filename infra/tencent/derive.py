@@ -1,30 +1,51 @@
-"""Pure derivations for the Tencent stack: names, network layout, CAM and bucket policy documents,
-queue settings, alarm rules, node settings. No Pulumi here; the components turn these into resources.
+"""Pure derivations for the Tencent stack: names, the network's layout and addresses, CAM and bucket policy
+documents, security group rules, queue settings, alarm rules, and the settings the controller and the nodes boot
+with (node.json, controller.json, nodes.json). No Pulumi here; the components turn these into resources.
 
-Policy documents use CAM's language (version 2.0, lower-case elements, six-segment `qcs::` resources).
-Resources the nodes touch are named one by one: the bucket, the stack key, the two queues, the scaling
-group and the log topic. Custom metrics are not granted: Cloud Monitor's PutMonitorData cannot be
-limited to a namespace, and the metrics the alarms read (CPU, memory, GPU) come from the monitoring agent.
+Policy documents use CAM's language (version 2.0, lower-case elements, six-segment ``qcs::`` resources; tag
+conditions ``for_any_value:string_equal`` on the global keys ``qcs:resource_tag`` / ``qcs:request_tag`` with
+``key&value`` values, Tencent's CAM "condition keys" page, tencentcloud.com/document/product/598/58421).
+Resources are named one by one: the bucket, the stack key, the queues, the log topic, the munge key's secret, the
+node role, the subnets, security group, VPC and image nodes launch with. Two CVM actions cannot be held to named
+instances: RunInstances creates them (held instead to this stack's subnets, security group and image and to
+requests that tag the machine with the stack), and DescribeInstances reads (``instance/*`` of the region).
+TerminateInstances is held to instances carrying the stack's tag (``qcs:resource_tag``). CAM has no resource
+type for launch templates (CVM's authorizable resources are instances, images, key pairs and security groups,
+tencentcloud.com/document/product/213/10314), so "from the stack's templates" is what those launch resources say.
+Custom metrics are not granted: Cloud Monitor's PutMonitorData cannot be limited to a namespace.
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass
 
-from infra import catalog
-from infra.config import StackConfig
+from infra import catalog, slurm
+from infra.config import Partition, StackConfig
 from infra.regions import TENCENT_REGIONS
 
 VPC_CIDR = "10.72.0.0/16"
-QUEUE_ZONES = 3                 # subnets (zones) in queue mode; gang mode uses one
+QUEUE_ZONES = 3                 # node subnets (zones) when some partition is not a gang; a gang-only stack uses one
+# The controller's subnet: a /28 of its own in the first zone, where no node is ever launched, so that its fixed
+# address is free whenever a replacement controller comes; the two CFS mount targets live there too.
+CONTROLLER_SUBNET_CIDR = "10.72.240.0/28"
+CONTROLLER_HOST, HOME_FS_HOST, STATE_FS_HOST = 10, 11, 12   # host numbers in that subnet (Tencent reserves .0, .1
+                                                             # and the last address of a subnet)
 SYSTEM_DISK_TYPE = "CLOUD_PREMIUM"
-SYSTEM_DISK_GB = 200
-LAUNCH_HOOK_TIMEOUT_S = 1800    # preflight: drivers, fabric manager and NCCL checks
-TERMINATE_HOOK_TIMEOUT_S = 600  # time to write a checkpoint before the node goes
+NODE_SYSTEM_DISK_GB = 200
+CONTROLLER_SYSTEM_DISK_GB = 50
+ON_DEMAND, SPOT = "POSTPAID_BY_HOUR", "SPOTPAID"   # CVM's payment modes: pay-as-you-go and spot
+# slurmctld's power-saving programs on the image (ami/files): each runs `gpufleet-trainer nodes ACTION HOSTLIST`.
+PROGRAMS = {"resume": "/usr/local/sbin/gpufleet-resume", "suspend": "/usr/local/sbin/gpufleet-suspend",
+            "resume_fail": "/usr/local/sbin/gpufleet-resume-fail"}
+CONTROLLER_HOSTNAME = "controller"  # SlurmctldHost: slurmctld starts only on the host of that short name
+# CFS over NFS v4.0 as Tencent's mount guide gives it (noresvport: a new source port on reconnect); hard mounts with
+# its timeouts, so a CFS failover stalls I/O instead of failing it.
+NFS_OPTIONS = "vers=4.0,noresvport,hard,timeo=600,retrans=2"
 # TDMQ CMQ has no per-message visibility change: a received message stays hidden for the queue's
-# visibility timeout, which is therefore the agent's in-flight window (it hands a running job back, with
-# a checkpoint, before the window ends). Messages live at most 12 hours from their last send.
+# visibility timeout, which is therefore the consumer's in-flight window. Messages live at most 12 hours from their
+# last send.
 QUEUE_VISIBILITY_S = 3 * 3600
 QUEUE_RETENTION_S = 12 * 3600   # CMQ's maximum
 QUEUE_POLL_S = 20               # long-poll default (CMQ allows 0-30)
@@ -37,25 +58,21 @@ IDLE_GPU_PERIODS = 6            # x 5 minutes
 BUSY_PERCENT = 90               # CPU / memory, as the guide's alarms
 BUDGET_ALERTS = (("ACTUAL", 80), ("ACTUAL", 100), ("FORECAST", 100))
 BUDGET_PERIOD = ("2025-07", "2035-12")   # Tencent budgets run between a first and a last month
-SCALER_CRON = "0 */1 * * * * *"          # SCF timer: second 0 of every minute
-SCALER_RUNTIME = "Python3.9"
-SCALER_TIMEOUT_S = 30
+CONTROLLER_DOWN_EVENT = "ping_unreachable"   # a cvm_device event (Cloud Monitor's DescribeAlarmEvents lists it)
 TLS_MIN = 1.2
+STACK_TAG = "gpufleet-stack"
 
 
 @dataclass(frozen=True)
 class Names:
     """Names fixed before anything exists, so that nodes, policies and alarms can refer to them."""
     prefix: str
-    group: str
-    config: str
-    role: str
-    scaler_role: str
-    scaler: str
+    node_group: str          # the nodes' metric dimension (node.json asg_name)
+    role: str                # the nodes' CAM role (and its policy)
+    controller_role: str     # the controller's CAM role (and its policy)
     queue: str
     dlq: str
-    launch_hook: str
-    terminate_hook: str
+    munge: str               # the SSM secret holding the munge key
     logset: str
     metric_namespace: str
 
@@ -63,11 +80,9 @@ class Names:
     def of(cls, stack: str) -> "Names":
         prefix = f"gpufleet-{stack}"
         queue = _cmq_name(f"{prefix}-jobs", 64 - len(DEAD_SUFFIX))
-        return cls(prefix=prefix, group=f"{prefix}-nodes", config=f"{prefix}-node", role=f"{prefix}-nodes",
-                   scaler_role=f"{prefix}-scaler", scaler=_scf_name(f"{prefix}-scaler"),
-                   queue=queue, dlq=queue + DEAD_SUFFIX,
-                   launch_hook=f"{prefix}-preflight", terminate_hook=f"{prefix}-checkpoint",
-                   logset=prefix, metric_namespace=f"gpufleet/{stack}")
+        return cls(prefix=prefix, node_group=f"{prefix}-nodes", role=f"{prefix}-nodes",
+                   controller_role=f"{prefix}-controller", queue=queue, dlq=queue + DEAD_SUFFIX,
+                   munge=_ssm_name(f"{prefix}-munge"), logset=prefix, metric_namespace=f"gpufleet/{stack}")
 
 
 def _fit(name: str, limit: int) -> str:
@@ -82,9 +97,9 @@ def _cmq_name(name: str, limit: int = 64) -> str:
     return _fit(re.sub(r"[^A-Za-z0-9-]", "-", name), limit)
 
 
-def _scf_name(name: str) -> str:
-    """SCF function names: 2-60 letters, digits, '-' and '_', starting with a letter, not ending in - or _."""
-    return _fit(re.sub(r"[^A-Za-z0-9_-]", "-", name), 60).rstrip("-_")
+def _ssm_name(name: str) -> str:
+    """SSM secret names: up to 128 letters, digits, '_' and '-', starting with a letter or digit."""
+    return _fit(re.sub(r"[^A-Za-z0-9_-]", "-", name), 128)
 
 
 def bucket_name(stack: str, app_id: str, kind: str = "data") -> str:
@@ -93,18 +108,48 @@ def bucket_name(stack: str, app_id: str, kind: str = "data") -> str:
     return f"{_fit(f'gpufleet-{slug}-{kind}', 40)}-{app_id}"
 
 
+# --- network -------------------------------------------------------------------------------------
+
 def subnet_cidrs(count: int) -> list[str]:
-    """A /20 per zone inside VPC_CIDR."""
+    """A /20 per zone inside VPC_CIDR for the nodes."""
     return [f"10.72.{16 * i}.0/20" for i in range(count)]
 
 
+def node_subnet_count(cfg: StackConfig) -> int:
+    """One subnet for a stack of gang partitions only (one zone), else one per zone."""
+    return 1 if cfg.all_gang else QUEUE_ZONES
+
+
+def _host(cidr: str, n: int) -> str:
+    return str(ipaddress.ip_network(cidr)[n])
+
+
+CONTROLLER_IP = _host(CONTROLLER_SUBNET_CIDR, CONTROLLER_HOST)
+HOME_FS_IP = _host(CONTROLLER_SUBNET_CIDR, HOME_FS_HOST)
+STATE_FS_IP = _host(CONTROLLER_SUBNET_CIDR, STATE_FS_HOST)
+
+
 def zone_at(available: list[str], i: int) -> str:
-    """The zone of subnet i: the zones offering the primary type in name order, round robin (a region
-    with fewer such zones gets more than one subnet in a zone)."""
+    """The zone of node subnet i: the zones offering every partition's primary type in name order, round robin
+    (a region with fewer such zones gets more than one subnet in a zone)."""
     zones = sorted(set(available))
     if not zones:
-        raise ValueError("no zone of the region offers the primary instance type")
+        raise ValueError("no zone of the region sells every partition's primary instance type")
     return zones[i % len(zones)]
+
+
+def common_zones(offered: list[list[str]]) -> list[str]:
+    """Zones that sell every partition's primary type (each list: the zones of one type)."""
+    sets = [set(z) for z in offered]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def partition_subnets(part: Partition, subnet_ids: list, zones: list) -> tuple[list, list]:
+    """(subnet ids, their zones) a partition's nodes launch into: a multi-node gang in the first only (one zone,
+    NCCL over TCP between nodes that should be near), other partitions in every node subnet."""
+    if part.multi_node:
+        return list(subnet_ids[:1]), list(zones[:1])
+    return list(subnet_ids), list(zones)
 
 
 def cmq_endpoint(region: str) -> str:
@@ -132,6 +177,13 @@ def _doc(*statements: dict) -> dict:
     return {"version": "2.0", "statement": list(statements)}
 
 
+def _allow(actions, resources, condition: dict | None = None) -> dict:
+    out = {"effect": "allow", "action": list(actions), "resource": list(resources)}
+    if condition:
+        out["condition"] = condition
+    return out
+
+
 def cos_resources(region: str, app_id: str, bucket: str) -> list[str]:
     """The bucket (bucket-level actions) and its objects, as six-segment resources."""
     base = f"qcs::cos:{region}:uid/{app_id}:{bucket}"
@@ -147,16 +199,47 @@ def cmq_queue_resource(region: str, uin: str, queue: str) -> str:
     return f"qcs::tdmq:{region}:uin/{uin}:queue/{queue}"
 
 
-def as_group_resource(region: str, uin: str, group_id: str) -> str:
-    return f"qcs::as:{region}:uin/{uin}:auto-scaling-group/{group_id}"
-
-
 def cls_topic_resource(region: str, uin: str, topic_id: str) -> str:
     return f"qcs::cls:{region}:uin/{uin}:topic/{topic_id}"
 
 
+def ssm_secret_resource(region: str, uin: str, name: str) -> str:
+    """An SSM secret: ``qcs::ssm:$region:uin/$uin:secret/creatorUin/$creatorUin/$secretName``."""
+    return f"qcs::ssm:{region}:uin/{uin}:secret/creatorUin/{uin}/{name}"
+
+
+def cvm_instances(region: str, uin: str) -> str:
+    return f"qcs::cvm:{region}:uin/{uin}:instance/*"
+
+
+def cvm_image(region: str, uin: str, image_id: str) -> str:
+    return f"qcs::cvm:{region}:uin/{uin}:image/{image_id}"
+
+
+def security_group_resource(region: str, uin: str, sg_id: str) -> str:
+    return f"qcs::cvm:{region}:uin/{uin}:sg/{sg_id}"
+
+
+def vpc_resource(region: str, uin: str, vpc_id: str) -> str:
+    return f"qcs::vpc:{region}:uin/{uin}:vpc/{vpc_id}"
+
+
+def subnet_resource(region: str, uin: str, subnet_id: str) -> str:
+    return f"qcs::vpc:{region}:uin/{uin}:subnet/{subnet_id}"
+
+
+def cam_role_resource(uin: str, role: str) -> str:
+    """A CAM role for cam:PassRole (CAM is global: no region)."""
+    return f"qcs::cam::uin/{uin}:roleName/{role}"
+
+
+def tagged(stack: str, key: str = "resource") -> dict:
+    """The condition "carries (resource) or is being given (request) the tag gpufleet-stack=<stack>"."""
+    return {"for_any_value:string_equal": {f"qcs:{key}_tag": [f"{STACK_TAG}&{stack}"]}}
+
+
 def assume_role(service: str) -> dict:
-    """Trust policy: only `service` (cvm.qcloud.com for nodes, scf.qcloud.com for the scaler) assumes the role."""
+    """Trust policy: only `service` (cvm.qcloud.com) assumes the role."""
     return _doc({"action": ["name/sts:AssumeRole"], "effect": "allow", "principal": {"service": [service]}})
 
 
@@ -164,36 +247,48 @@ COS_OBJECT_ACTIONS = ("name/cos:GetObject", "name/cos:HeadObject", "name/cos:Put
                       "name/cos:InitiateMultipartUpload", "name/cos:UploadPart", "name/cos:CompleteMultipartUpload",
                       "name/cos:AbortMultipartUpload", "name/cos:ListParts")
 COS_BUCKET_ACTIONS = ("name/cos:GetBucket", "name/cos:HeadBucket", "name/cos:ListMultipartUploads")
+KEY_ACTIONS = ("name/kms:Encrypt", "name/kms:Decrypt", "name/kms:GenerateDataKey")
 QUEUE_ACTIONS = ("name/tdmq:ReceiveMessage", "name/tdmq:SendMessage", "name/tdmq:DeleteMessage")
+DESCRIBE_INSTANCES = "name/cvm:DescribeInstances"
 
 
-def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, queue: str, dlq: str,
-                group_id: str, topic_id: str) -> dict:
-    """What a node (agent, trainer, preflight, log shipping) may do, each on its one resource."""
+def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, topic_id: str,
+                munge_secret: str) -> dict:
+    """What a GPU node (its setup, slurmd's jobs, log shipping) may do, each on its one resource: checkpoints and
+    data in the bucket under the stack key, its logs, the munge key (read only), and its own Slurm name (its
+    gpufleet-slurm-node tag, through DescribeInstances). No queue, no instance to launch or end."""
     return _doc(
-        {"effect": "allow", "action": list(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS),
-         "resource": cos_resources(region, app_id, bucket)},
-        {"effect": "allow", "action": ["name/kms:Encrypt", "name/kms:Decrypt", "name/kms:GenerateDataKey"],
-         "resource": [kms_key_resource(region, uin, key_id)]},
-        {"effect": "allow", "action": list(QUEUE_ACTIONS),
-         "resource": [cmq_queue_resource(region, uin, queue)]},
-        # The agent dead-letters a job that keeps failing (CMQ counts only receives of one message copy).
-        {"effect": "allow", "action": ["name/tdmq:SendMessage"], "resource": [cmq_queue_resource(region, uin, dlq)]},
-        {"effect": "allow",
-         "action": ["name/as:CompleteLifecycleAction", "name/as:SetInstancesProtection",
-                    "name/as:DescribeAutoScalingInstances", "name/as:DescribeLifecycleHooks"],
-         "resource": [as_group_resource(region, uin, group_id)]},
-        {"effect": "allow", "action": ["name/cls:pushLog"], "resource": [cls_topic_resource(region, uin, topic_id)]},
+        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
+        _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
+        _allow(["name/cls:pushLog"], [cls_topic_resource(region, uin, topic_id)]),
+        _allow(["name/ssm:GetSecretValue"], [ssm_secret_resource(region, uin, munge_secret)]),
+        _allow([DESCRIBE_INSTANCES], [cvm_instances(region, uin)]),
     )
 
 
-def scaler_policy(*, region: str, uin: str, queue: str, group_id: str) -> dict:
-    """The scaler reads the job queue's message counts and sets the group's desired capacity."""
+def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket: str, key_id: str, queue: str,
+                      dlq: str, munge_secret: str, node_role: str, vpc_id: str, subnet_ids: list[str],
+                      security_group_id: str, image_id: str) -> dict:
+    """What the controller (slurmctld's power saving, the bridge, its setup) may do: launch nodes into the stack's
+    node subnets with its node security group and image, only when the request tags them with the stack, passing
+    the node role and no other; terminate only instances that carry the stack's tag; read instances (their
+    addresses and tags); make and read the munge key; consume the job queue and dead-letter; keep the records in
+    the bucket under the stack key."""
+    launch = [cvm_instances(region, uin), vpc_resource(region, uin, vpc_id),
+              *(subnet_resource(region, uin, s) for s in subnet_ids),
+              security_group_resource(region, uin, security_group_id), cvm_image(region, uin, image_id)]
     return _doc(
-        {"effect": "allow", "action": ["name/tdmq:DescribeCmqQueueDetail"],
-         "resource": [cmq_queue_resource(region, uin, queue)]},
-        {"effect": "allow", "action": ["name/as:ModifyDesiredCapacity"],
-         "resource": [as_group_resource(region, uin, group_id)]},
+        _allow(["name/cvm:RunInstances"], launch, tagged(stack, "request")),
+        _allow(["name/cam:PassRole"], [cam_role_resource(uin, node_role)]),
+        _allow(["name/cvm:TerminateInstances"], [cvm_instances(region, uin)], tagged(stack)),
+        _allow([DESCRIBE_INSTANCES], [cvm_instances(region, uin)]),
+        _allow(["name/ssm:GetSecretValue", "name/ssm:PutSecretValue"],
+               [ssm_secret_resource(region, uin, munge_secret)]),
+        _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
+        _allow(QUEUE_ACTIONS, [cmq_queue_resource(region, uin, queue)]),
+        # The bridge dead-letters a job that keeps failing (CMQ counts only receives of one message copy).
+        _allow(["name/tdmq:SendMessage"], [cmq_queue_resource(region, uin, dlq)]),
+        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
     )
 
 
@@ -209,22 +304,41 @@ def bucket_policy(region: str, app_id: str, bucket: str) -> dict:
     )
 
 
-# --- network -------------------------------------------------------------------------------------
+# --- security groups -----------------------------------------------------------------------------
 
-def ingress_rules(sg_id: str) -> list[dict]:
-    """Node to node (NCCL, rendezvous) from the group's own security group; nothing else, from anywhere."""
+def _drop_the_rest() -> dict:
+    return {"action": "DROP", "protocol": "ALL", "port": "ALL", "cidr_block": "0.0.0.0/0",
+            "description": "nothing else inbound"}
+
+
+def node_ingress_rules(node_sg: str, controller_sg: str) -> list[dict]:
+    """Into a node: every node of the stack (NCCL, slurmd's fan-out, srun's steps), and slurmd's port from the
+    controller; nothing else, from anywhere."""
     return [
-        {"action": "ACCEPT", "protocol": "ALL", "port": "ALL", "source_security_id": sg_id,
-         "description": "nodes of this stack (NCCL, torchrun rendezvous)"},
-        {"action": "DROP", "protocol": "ALL", "port": "ALL", "cidr_block": "0.0.0.0/0",
-         "description": "nothing else inbound"},
+        {"action": "ACCEPT", "protocol": "ALL", "port": "ALL", "source_security_id": node_sg,
+         "description": "nodes of this stack (NCCL, slurmd, srun)"},
+        {"action": "ACCEPT", "protocol": "TCP", "port": str(slurm.SLURMD_PORT), "source_security_id": controller_sg,
+         "description": "slurmctld to slurmd"},
+        _drop_the_rest(),
+    ]
+
+
+def controller_ingress_rules(node_sg: str) -> list[dict]:
+    """Into the controller: slurmctld's port and srun's port range from the nodes; nothing else."""
+    low, high = slurm.SRUN_PORTS
+    return [
+        {"action": "ACCEPT", "protocol": "TCP", "port": str(slurm.SLURMCTLD_PORT), "source_security_id": node_sg,
+         "description": "slurmd and jobs to slurmctld"},
+        {"action": "ACCEPT", "protocol": "TCP", "port": f"{low}-{high}", "source_security_id": node_sg,
+         "description": "job steps to an srun on the controller"},
+        _drop_the_rest(),
     ]
 
 
 def egress_rules() -> list[dict]:
-    """Out: the VPC, and HTTP(S)/DNS/NTP to Tencent's private service endpoints (metadata, COS, CMQ, Cloud
-    Monitor, TAT). The subnets have no route to the internet (no NAT gateway, no public IP): the rules
-    name ports, the routes decide what those ports reach."""
+    """Out: the VPC (Slurm, NFS to CFS), and HTTP(S)/DNS/NTP to Tencent's private service endpoints (metadata,
+    COS, CMQ, SSM, CVM API, Cloud Monitor, TAT). The subnets have no route to the internet (no NAT gateway, no
+    public IP): the rules name ports, the routes decide what those ports reach."""
     return [
         {"action": "ACCEPT", "protocol": "ALL", "port": "ALL", "cidr_block": VPC_CIDR, "description": "the VPC"},
         {"action": "ACCEPT", "protocol": "TCP", "port": "80,443", "cidr_block": "0.0.0.0/0",
@@ -235,6 +349,37 @@ def egress_rules() -> list[dict]:
     ]
 
 
+# --- shared file system ----------------------------------------------------------------------------
+
+def home_access_rules(node_cidrs: list[str]) -> list[dict]:
+    """The /home file system's permission group: the controller as root (it makes users' directories), the node
+    subnets with root squashed; no other address of the VPC."""
+    return [{"auth_client_ip": CONTROLLER_IP, "priority": 1, "rw_permission": "RW",
+             "user_permission": "no_root_squash"}] + [
+        {"auth_client_ip": cidr, "priority": 2 + i, "rw_permission": "RW", "user_permission": "root_squash"}
+        for i, cidr in enumerate(node_cidrs)]
+
+
+def state_access_rules() -> list[dict]:
+    """slurmctld's state file system: the controller's address only, as root (setup hands the directory to the
+    slurm user). No node can mount it."""
+    return [{"auth_client_ip": CONTROLLER_IP, "priority": 1, "rw_permission": "RW",
+             "user_permission": "no_root_squash"}]
+
+
+def nfs_mount(mount_ip: str, target: str) -> dict:
+    """One entry of node.json's / controller.json's ``mounts``: a CFS file system's root over NFS v4.0."""
+    return {"source": f"{mount_ip}:/", "target": target, "type": "nfs4", "options": NFS_OPTIONS}
+
+
+def node_mounts(home_ip: str) -> list[dict]:
+    return [nfs_mount(home_ip, "/home")]
+
+
+def controller_mounts(home_ip: str, state_ip: str) -> list[dict]:
+    return [nfs_mount(home_ip, "/home"), nfs_mount(state_ip, slurm.STATE_DIR)]
+
+
 # --- monitoring ----------------------------------------------------------------------------------
 
 def _rule(metric: str, operator: str, value: float, periods: int, period_s: int = 300) -> dict:
@@ -243,8 +388,9 @@ def _rule(metric: str, operator: str, value: float, periods: int, period_s: int 
 
 
 def node_alarm_rules() -> dict[str, dict]:
-    """Rules on the nodes (namespace cvm_device, bound by the stack tag): idle GPUs, busy CPU and memory.
-    Bound to the group's instances only, the idle-GPU rule fires only while nodes run."""
+    """Rules on the stack's machines (namespace cvm_device, bound by the stack tag): idle GPUs, busy CPU and
+    memory. Nodes exist only while Slurm has them powered up, so the idle-GPU rule speaks only while nodes run (the
+    controller, which carries the tag too, has no GPU metric)."""
     return {
         "idle-gpus": _rule("GpuUtil", "lt", IDLE_GPU_PERCENT, IDLE_GPU_PERIODS),
         "busy-cpu": _rule("CpuUsage", "ge", BUSY_PERCENT, 1),
@@ -257,15 +403,60 @@ def dead_letter_rule() -> dict:
     return _rule("VisibleMsgNum", "gt", 0, 1, period_s=60)
 
 
-# --- nodes ---------------------------------------------------------------------------------------
+def controller_down_event() -> dict:
+    """Cloud Monitor's CVM event "ping unreachable" on the controller."""
+    return {"metric_name": CONTROLLER_DOWN_EVENT}
 
-def node_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: str, log_topic: str) -> dict:
-    """The /etc/gpufleet/node.json of a Tencent node."""
+
+# --- what the machines boot with -----------------------------------------------------------------
+
+def slurm_settings(munge_secret: str) -> dict:
+    """node.json's and controller.json's "slurm": where slurmctld listens, and the munge key's secret (its name)."""
+    return {"controller_addr": CONTROLLER_IP, "controller_port": slurm.SLURMCTLD_PORT, "munge": munge_secret}
+
+
+def tencent_settings(region: str, app_id: str, role: str) -> dict:
+    return {"app_id": app_id, "role_name": role, "cos_endpoint": cos_endpoint(region)}
+
+
+def node_settings(cfg: StackConfig, part: Partition, names: Names, *, bucket: str, app_id: str, log_topic: str,
+                  munge_secret: str, home_ip: str) -> dict:
+    """A partition's /etc/gpufleet/node.json."""
     types = {t: {"gpus": catalog.CATALOG[t].gpus, "efa": 0, "nvswitch": catalog.CATALOG[t].nvswitch,
-                 "infiniband_gbps": 0} for t in cfg.instance_types}
-    return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "mode": cfg.mode,
-            "node_count": cfg.nodes.max if cfg.mode == "gang" else 1, "bucket": f"cos://{bucket}",
-            "queue_url": queue_url(cfg.region, names.queue), "asg_name": names.group, "log_group": log_topic,
+                 "infiniband_gbps": 0} for t in part.instance_types}
+    return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "bucket": f"cos://{bucket}",
+            "asg_name": names.node_group, "log_group": log_topic,
             "metric_namespace": names.metric_namespace, "instance_types": types,
-            "launch_hook": names.launch_hook, "terminate_hook": names.terminate_hook,
-            "tencent": {"app_id": app_id, "role_name": names.role, "cos_endpoint": cos_endpoint(cfg.region)}}
+            "tencent": tencent_settings(cfg.region, app_id, names.role), "slurm": slurm_settings(munge_secret),
+            "mounts": node_mounts(home_ip)}
+
+
+def controller_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: str, log_topic: str,
+                        munge_secret: str, home_ip: str, state_ip: str) -> dict:
+    """The controller's /etc/gpufleet/controller.json: the bridge's queue and bucket, the default partition, the
+    state directory (the state file system's mount), its own CAM role."""
+    first = cfg.partitions[0]
+    return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "bucket": f"cos://{bucket}",
+            "queue_url": queue_url(cfg.region, names.queue), "log_group": log_topic,
+            "metric_namespace": names.metric_namespace, "slurm": slurm_settings(munge_secret),
+            "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
+            "state_dir": slurm.STATE_DIR, "mounts": controller_mounts(home_ip, state_ip),
+            "tencent": tencent_settings(cfg.region, app_id, names.controller_role)}
+
+
+def nodes_config(cfg: StackConfig, names: Names, *, templates: dict[str, str], vpc_id: str,
+                 subnets: dict[str, list[str]], zones: dict[str, list[str]]) -> dict:
+    """The controller's /etc/gpufleet/nodes.json: what the node provider (trainer.clouds.tencent_nodes) launches
+    for each partition, and the controller's role it does so with. No placement set: see infra.tencent.partition."""
+    def partition(p: Partition) -> dict:
+        out = {"instance_types": list(p.instance_types), "spot": p.spot, "on_demand_base": p.on_demand_base,
+               "gang": p.gang, "launch_template_id": templates[p.name], "vpc_id": vpc_id,
+               "subnet_ids": list(subnets[p.name]), "zones": list(zones[p.name]), "placement_set_id": None}
+        if p.spot:
+            out["spot_max_price"] = spot_max_price(p.instance_types)
+        return out
+
+    return {"provider": "tencent", "cloud": "tencent", "stack": cfg.stack, "region": cfg.region,
+            "slurm_conf": "/etc/slurm/slurm.conf", "tags": cfg.all_tags,
+            "tencent": {"role_name": names.controller_role},
+            "partitions": {p.name: partition(p) for p in cfg.partitions}}

@@ -1,10 +1,18 @@
-"""Monitoring: a CLS log set and topic for node logs, a CAM group whose members get the alarms, a Cloud
-Monitor notification template to that group, alarm policies (GPUs idle while nodes run, CPU and memory
-busy, dead letters) and a monthly budget in CNY with reminders at 80 %, 100 % and 100 % forecast.
+"""Monitoring: a CLS log set and topic for the machines' logs, a CAM group whose members get the alarms, a Cloud
+Monitor notification template to that group, alarm policies and a monthly budget in CNY with reminders at 80 %,
+100 % and 100 % forecast.
 
-Node alarms bind by the stack tag (policy_tag), which every node carries (the launch configuration's
-instance tags): no node, nothing to alarm on, so the idle-GPU rule speaks only while nodes run. The
-dead-letter rule binds the dead-letter queue by its id and name (QCE/CMQ dimensions).
+Alarms: GPUs idle while nodes run, CPU and memory busy (rules on the stack's machines, bound by the stack tag,
+which every node carries from the node provider's tags and the controller from its own; Slurm powers nodes down
+when idle, so the idle-GPU rule speaks only while nodes run), dead letters (the dead-letter queue, bound by its id
+and name, QCE/CMQ dimensions), and the controller down (Cloud Monitor's CVM event "ping unreachable", bound to the
+controller instance: no job starts and no node powers up while it lasts).
+
+Not here: alarms on jobs pending over an hour and on nodes that failed to power up. Those are gauges the bridge is
+to compute from Slurm's state (metrics.PENDING_OVER_AN_HOUR, NODES_FAILED_TO_RESUME); on AWS they are CloudWatch
+metrics. Nothing in this repository publishes them to Tencent Cloud Monitor (that takes its custom-metrics API,
+PutMonitorData, which CAM cannot hold to a namespace), so an alarm on them would watch nothing. Slurm itself keeps
+the failed nodes DOWN with their reason (``sinfo -R``).
 """
 from __future__ import annotations
 
@@ -78,12 +86,29 @@ class Monitoring(pulumi.ComponentResource):
                         for kind, percent in derive.BUDGET_ALERTS],
             budget_note="gpufleet stack budget (costs tagged gpufleet-stack)", opts=child)
         self.topic_id = self.topic.id
+        self._prefix = p
         self.register_outputs({"logTopic": self.topic.id, "alertGroup": self.group.name})
 
+    def watch_controller(self, instance_id: pulumi.Input[str]) -> None:
+        """The controller down: Cloud Monitor's "ping unreachable" event of its instance."""
+        child = pulumi.ResourceOptions(parent=self)
+        p = self._prefix
+        self.alarms["controller-down"] = monitor.AlarmPolicy(
+            f"{p}-controller-down", policy_name=f"{p}-controller-down", monitor_type="MT_QCE",
+            namespace="cvm_device", project_id=0, enable=1, event_conditions=[derive.controller_down_event()],
+            notice_ids=[self.notice.id], remark=_REMARKS["controller-down"], opts=child)
+        monitor.PolicyBindingObject(
+            f"{p}-controller-down-instance", policy_id=self.alarms["controller-down"].id,
+            dimensions=[{"dimensions_json": pulumi.Output.from_input(instance_id).apply(
+                lambda i: json.dumps({"unInstanceId": i}))}],
+            opts=child)
 
+
+# Cloud Monitor takes remarks of at most 100 letters, digits, '_' and '-' (CreateAlarmPolicy's Remark): no spaces.
 _REMARKS = {
-    "idle-gpus": f"nodes run but their GPUs are below {derive.IDLE_GPU_PERCENT}% busy",
-    "busy-cpu": f"a node's CPU is above {derive.BUSY_PERCENT}%",
-    "busy-memory": f"a node's memory is above {derive.BUSY_PERCENT}%",
-    "dead-letters": "jobs failed repeatedly and sit in the dead-letter queue",
+    "idle-gpus": f"nodes-run-but-their-GPUs-are-below-{derive.IDLE_GPU_PERCENT}-percent-busy",
+    "busy-cpu": f"a-machine-CPU-is-above-{derive.BUSY_PERCENT}-percent",
+    "busy-memory": f"a-machine-memory-is-above-{derive.BUSY_PERCENT}-percent",
+    "dead-letters": "jobs-failed-repeatedly-and-sit-in-the-dead-letter-queue",
+    "controller-down": "the-Slurm-controller-does-not-answer-ping-no-job-starts-no-node-powers-up",
 }

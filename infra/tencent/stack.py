@@ -1,19 +1,27 @@
-"""The Tencent stack: wires the components in data-flow order and returns the outputs to export."""
+"""Wire the Tencent components of one stack and return its outputs.
+
+A Slurm cluster: the controller (slurmctld, the bridge, power saving) and, per partition, a launch template its GPU
+nodes start from when slurmctld powers them up (trainer.clouds.tencent_nodes); the shared file systems (CFS), the
+munge key's SSM secret, the job queue (TDMQ CMQ), the bucket (COS) and the monitoring around them.
+"""
 from __future__ import annotations
 
 import pulumi
 from tencentcloud_iac_pulumi import images, instance, user
 
-from infra import scaling
+from infra import slurm
 from infra.config import StackConfig, TencentImage
 from infra.tencent import derive
-from infra.tencent.compute import Compute, ComputeArgs
+from infra.tencent.controller import Controller, ControllerArgs
 from infra.tencent.identity import Identity
 from infra.tencent.monitoring import Monitoring, MonitoringArgs
 from infra.tencent.network import Network, NetworkArgs
+from infra.tencent.partition import PartitionArgs, PartitionNodes
 from infra.tencent.queue import JobQueue, JobQueueArgs
-from infra.tencent.scaler import Scaler, ScalerArgs
+from infra.tencent.shared_fs import SharedFs, SharedFsArgs
 from infra.tencent.storage import Storage, StorageArgs
+from infra.userdata import render_controller_user_data
+from trainer.slurm.conf import render_gres_conf, render_slurm_conf
 
 
 def family(instance_type: str) -> str:
@@ -21,12 +29,17 @@ def family(instance_type: str) -> str:
     return instance_type.split(".", 1)[0]
 
 
-def offered_zones(instance_type: str) -> pulumi.Output[list]:
-    """Zones of the region that sell `instance_type` now (pay-as-you-go or spot)."""
-    found = instance.get_types_output(filters=[{"name": "instance-family", "values": [family(instance_type)]}],
-                                      exclude_sold_out=True)
-    return found.instance_types.apply(
-        lambda rows: sorted({r.availability_zone for r in rows if r.instance_type == instance_type}))
+def offered_zones(instance_types: list[str]) -> pulumi.Output[list]:
+    """Zones of the region that sell every one of `instance_types` now (pay-as-you-go or spot): one lookup per
+    instance family."""
+    by_family: dict[str, list[str]] = {}
+    for name in dict.fromkeys(instance_types):
+        by_family.setdefault(family(name), []).append(name)
+    found = [instance.get_types_output(filters=[{"name": "instance-family", "values": [fam]}], exclude_sold_out=True)
+             .instance_types.apply(lambda rows, names=names: [
+                 sorted({r.availability_zone for r in rows if r.instance_type == n}) for n in names])
+             for fam, names in by_family.items()]
+    return pulumi.Output.all(*found).apply(lambda groups: derive.common_zones([z for g in groups for z in g]))
 
 
 def image_id(image: TencentImage) -> pulumi.Input[str]:
@@ -43,35 +56,76 @@ def image_id(image: TencentImage) -> pulumi.Input[str]:
     return found.images.apply(newest)
 
 
+def controller_user_data(cfg: StackConfig, settings: dict, nodes: dict) -> str:
+    cluster = slurm.cluster(cfg, derive.CONTROLLER_HOSTNAME, derive.PROGRAMS, controller_addr=derive.CONTROLLER_IP)
+    return render_controller_user_data(settings, render_slurm_conf(cluster), render_gres_conf(cluster), nodes)
+
+
 def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
     names = derive.Names.of(cfg.stack)
     tags = cfg.all_tags
-    gang = cfg.mode == "gang"
     account = user.get_info_output()
     app_id, uin = account.app_id, account.owner_uin
+    image = image_id(cfg.image)
 
-    network = Network("network", NetworkArgs(prefix=names.prefix, zones=offered_zones(cfg.primary.name),
-                                             single_zone=gang, tags=tags))
+    network = Network("network", NetworkArgs(
+        prefix=names.prefix, zones=offered_zones([p.primary.name for p in cfg.partitions]),
+        node_subnets=derive.node_subnet_count(cfg), tags=tags))
     storage = Storage("storage", StorageArgs(prefix=names.prefix, stack=cfg.stack, region=cfg.region, app_id=app_id,
                                              access_logging=cfg.data_classification == "personal", tags=tags))
     queue = JobQueue("queue", JobQueueArgs(queue=names.queue, dlq=names.dlq, region=cfg.region))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         names=names, stack=cfg.stack, classification=cfg.data_classification,
         budget_monthly_cny=cfg.budget_monthly, dlq_id=queue.dlq.id, dlq_name=queue.dlq.queue_name, tags=tags))
-    identity = Identity("identity", names.role, tags)
-    settings = pulumi.Output.all(storage.bucket_name, app_id, monitoring.topic_id).apply(
-        lambda v: derive.node_settings(cfg, names, bucket=v[0], app_id=v[1], log_topic=v[2]))
-    capacity = scaling.capacity(cfg.mode, cfg.nodes.min, cfg.nodes.max, cfg.nodes.desired)
-    compute = Compute("compute", ComputeArgs(
-        prefix=names.prefix, names=names, mode=cfg.mode, capacity=capacity, instance_types=cfg.instance_types,
-        spot=cfg.spot, image_id=image_id(cfg.image), vpc_id=network.vpc_id, subnet_ids=network.subnet_ids,
-        security_group_id=network.security_group_id, role_name=identity.role_name, node_settings=settings,
-        tags=tags))
+    identity = Identity("identity", names, storage.key_id, tags)
     identity.grant(names.role, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id,
-                                                 compute.group.id, monitoring.topic_id).apply(
+                                                 monitoring.topic_id, identity.munge_secret.secret_name).apply(
         lambda v: derive.node_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3],
-                                     queue=names.queue, dlq=names.dlq, group_id=v[4], topic_id=v[5])))
-    outputs: dict[str, pulumi.Input] = {
+                                     topic_id=v[4], munge_secret=v[5])))
+    shared = SharedFs("shared-fs", SharedFsArgs(
+        prefix=names.prefix, zone=network.controller_zone, vpc_id=network.vpc_id,
+        subnet_id=network.controller_subnet.id, node_cidrs=network.node_cidrs, tags=tags))
+
+    subnets, zones, templates = {}, {}, {}
+    for part in cfg.partitions:
+        placed = pulumi.Output.all(network.subnet_ids, network.subnet_zones).apply(
+            lambda v, part=part: derive.partition_subnets(part, v[0], v[1]))
+        subnets[part.name] = placed.apply(lambda v: v[0])
+        zones[part.name] = placed.apply(lambda v: v[1])
+        settings = pulumi.Output.all(storage.bucket_name, app_id, monitoring.topic_id,
+                                     identity.munge_secret.secret_name, shared.home.mount_ip).apply(
+            lambda v, part=part: derive.node_settings(cfg, part, names, bucket=v[0], app_id=v[1], log_topic=v[2],
+                                                      munge_secret=v[3], home_ip=v[4]))
+        templates[part.name] = PartitionNodes(f"partition-{part.name}", PartitionArgs(
+            prefix=names.prefix, partition=part, image_id=image, vpc_id=network.vpc_id,
+            subnet_ids=subnets[part.name], zones=zones[part.name], security_group_id=network.security_group_id,
+            role_name=identity.role_name, node_settings=settings, tags=tags)).launch_template.id
+
+    template_ids = pulumi.Output.all(**templates)
+    nodes = pulumi.Output.all(template_ids, network.vpc_id, pulumi.Output.all(**subnets),
+                              pulumi.Output.all(**zones)).apply(
+        lambda v: derive.nodes_config(cfg, names, templates=v[0], vpc_id=v[1], subnets=v[2], zones=v[3]))
+    settings = pulumi.Output.all(storage.bucket_name, app_id, monitoring.topic_id, identity.munge_secret.secret_name,
+                                 shared.home.mount_ip, shared.state.mount_ip).apply(
+        lambda v: derive.controller_settings(cfg, names, bucket=v[0], app_id=v[1], log_topic=v[2], munge_secret=v[3],
+                                             home_ip=v[4], state_ip=v[5]))
+    policy = pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id, identity.munge_secret.secret_name,
+                               identity.role_name, network.vpc_id, network.subnet_ids, network.security_group_id,
+                               image).apply(
+        lambda v: derive.controller_policy(
+            region=cfg.region, app_id=v[0], uin=v[1], stack=cfg.stack, bucket=v[2], key_id=v[3], queue=names.queue,
+            dlq=names.dlq, munge_secret=v[4], node_role=v[5], vpc_id=v[6], subnet_ids=list(v[7]),
+            security_group_id=v[8], image_id=v[9]))
+    controller = Controller("controller", ControllerArgs(
+        prefix=names.prefix, policy_name=names.controller_role, instance_type=cfg.controller.instance_type,
+        image_id=image, zone=network.controller_zone, vpc_id=network.vpc_id, subnet_id=network.controller_subnet.id,
+        security_group_id=network.controller_sg.id, role_id=identity.controller_role.id,
+        role_name=identity.controller_role.name, policy=policy,
+        user_data=pulumi.Output.all(settings, nodes).apply(lambda v: controller_user_data(cfg, *v)),
+        ready=[identity.munge_init, *shared.rules], tags=tags))
+    monitoring.watch_controller(controller.instance.id)
+
+    return {
         "region": cfg.region,
         "appId": app_id,
         "bucket": storage.bucket_name,
@@ -80,20 +134,23 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "kmsKey": storage.key_id,
         "queueUrl": queue.url,
         "dlqUrl": queue.dlq_url,
-        "scalingGroup": compute.group.id,
-        "scalingGroupName": names.group,
-        "launchConfiguration": compute.config.id,
+        "controller": controller.instance.id,
+        "controllerAddress": controller.instance.private_ip,
+        "partitions": [p.name for p in cfg.partitions],
+        "launchTemplates": template_ids,
+        "image": image,
         "nodeRole": identity.role_name,
+        "controllerRole": identity.controller_role.name,
+        "mungeKeySecret": identity.munge_secret.secret_name,
+        "sharedFileSystem": shared.home.id,
+        "slurmStateFileSystem": shared.state.id,
         "vpcId": network.vpc_id,
         "subnetIds": network.subnet_ids,
+        "controllerSubnet": network.controller_subnet.id,
         "nodeSecurityGroup": network.security_group_id,
+        "controllerSecurityGroup": network.controller_sg.id,
         "logTopic": monitoring.topic_id,
         "alertGroup": monitoring.group.name,
         "budget": monitoring.budget.budget_name,
         "checkpointUriTemplate": storage.bucket_name.apply(lambda b: f"cos://{b}/jobs/<job_id>/"),
     }
-    if not gang:
-        scaler = Scaler("scaler", ScalerArgs(names=names, region=cfg.region, uin=uin, group_id=compute.group.id,
-                                             min_size=capacity.min, max_size=capacity.max, tags=tags))
-        outputs["scaler"] = scaler.function.name
-    return outputs

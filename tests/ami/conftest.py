@@ -1,6 +1,8 @@
-"""Fixtures for the image tests: required tools, the manifest, a built trainer wheel, a packer work dir."""
+"""Fixtures for the image tests: required tools, the manifest, a built trainer wheel, a packer work dir; what the
+image starts (units, power saving programs, batch scripts) as `python -m trainer` commands."""
 from __future__ import annotations
 
+import configparser
 import json
 import re
 import shutil
@@ -92,3 +94,43 @@ def parse_hcl_map(text: str) -> dict[str, str]:
 
 def parse_hcl_list(text: str) -> list[str]:
     return re.findall(r'^\s*"([^"]+)",?\s*$', text, re.MULTILINE)
+
+
+def downloads(node, path=""):
+    """Every object in the manifest that has a "url" (a download: checked by sha256), with its dotted path."""
+    if isinstance(node, dict):
+        if "url" in node:
+            yield path.lstrip("."), node
+        for key, value in node.items():
+            yield from downloads(value, f"{path}.{key}")
+
+
+def unit(name: str) -> configparser.ConfigParser:
+    """One of ami/systemd's units, parsed (a missing file parses as empty: every lookup then fails)."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read(AMI / "systemd" / name)
+    return parser
+
+
+TRAINER_IN_UNIT = re.compile(r"/gpufleet-trainer\s+(\S+)")
+TRAINER_IN_FILE = re.compile(r"gpufleet-trainer\s+(\w[\w-]*)")
+
+
+def image_commands() -> dict[str, str]:
+    """Every `python -m trainer` command the image starts -> where: the units' Exec lines, the files the image
+    installs (Slurm's power saving programs) and the batch script every job runs (trainer.slurm.batch)."""
+    found = {}
+    for path in sorted(AMI.glob("systemd/*")):
+        for key, value in unit(path.name).items("Service") if unit(path.name).has_section("Service") else []:
+            if key.startswith("Exec"):
+                for command in TRAINER_IN_UNIT.findall(value):
+                    found.setdefault(command, path.name)
+    for path in sorted(AMI.glob("files/*.sh")):
+        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        for command in TRAINER_IN_FILE.findall(code):
+            found.setdefault(command, path.name)
+    batch = (ROOT / "trainer" / "slurm" / "batch.py").read_text()
+    for command in re.findall(r'"-m", "trainer", "(\w+)"', batch):
+        found.setdefault(command, "trainer/slurm/batch.py")
+    return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from tests.ami.conftest import AMI, ROOT
+from tests.ami.conftest import AMI, ROOT, downloads
 
 # NVIDIA CUDA release notes, table "CUDA Toolkit and Minimum Required Driver Version" (Linux x86_64).
 CUDA_TOOLKIT_MIN_DRIVER = {
@@ -20,13 +20,13 @@ def vtuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-def downloads(node, path=""):
-    """Every object in the manifest that has a "url", with its dotted path."""
+def fingerprints(node, path=""):
+    """Every pinned signing key in the manifest (a "gpg_fingerprint"), with its dotted path."""
     if isinstance(node, dict):
-        if "url" in node:
+        if "gpg_fingerprint" in node:
             yield path.lstrip("."), node
         for key, value in node.items():
-            yield from downloads(value, f"{path}.{key}")
+            yield from fingerprints(value, f"{path}.{key}")
 
 
 def test_fabric_manager_is_the_driver_version(manifest):
@@ -55,14 +55,16 @@ def test_cuda_dependent_packages_match_the_toolkit(manifest):
 
 def test_apt_pins_select_the_manifest_version(manifest):
     pinned = {name: c for name, c in manifest.items() if isinstance(c, dict) and "apt_pin" in c}
-    assert {"nvidia_driver", "fabric_manager", "cuda", "nccl", "dcgm", "docker", "nvidia_container_toolkit"} <= set(pinned)
+    assert {"nvidia_driver", "fabric_manager", "cuda", "nccl", "dcgm", "docker", "nvidia_container_toolkit",
+            "nfs_common", "aznfs"} <= set(pinned)
     for name, component in pinned.items():
         assert component["version"] in component["apt_pin"], name
 
 
 def test_every_download_is_https_with_a_sha256_or_marked_pending(manifest):
     found = dict(downloads(manifest))
-    assert {"cuda.keyring", "efa_installer", "aws_ofi_nccl", "cloudwatch_agent"} <= set(found)
+    assert {"cuda.keyring", "efa_installer", "aws_ofi_nccl", "cloudwatch_agent", "efs_utils", "efs_utils.rust",
+            "efs_utils.go"} <= set(found)
     for path, item in found.items():
         assert item["url"].startswith("https://"), path
         assert "sha256" in item, f"{path} has no sha256 entry"
@@ -76,8 +78,8 @@ def test_versioned_urls_carry_the_manifest_version(manifest):
         component = manifest[path.split(".")[0]]
         if path == "cuda.keyring":
             assert f"/{manifest['ubuntu']['repo_path']}/" in item["url"]
-        else:
-            assert component["version"] in item["url"], path
+        else:  # a build tool nested in a component carries its own version
+            assert item.get("version", component["version"]) in item["url"], path
     efa = manifest["efa_installer"]
     assert efa["sig_url"] == efa["url"] + ".sig"
     assert re.fullmatch(r"[0-9A-F]{40}", efa["gpg_fingerprint"])
@@ -112,7 +114,7 @@ def test_no_version_is_written_outside_the_manifest(manifest):
 def test_every_manifest_lookup_resolves(manifest):
     script_paths = set()
     for script in AMI.glob("scripts/[0-9]*.sh"):
-        script_paths |= set(re.findall(r"manifest (\.[\w.]+)", script.read_text()))
+        script_paths |= set(re.findall(r"manifest '?(\.[\w.]+)", script.read_text()))
         script_paths |= {f".{name}" for name in re.findall(r"fetch_component (\w+(?:\.\w+)?)", script.read_text())}
     hcl_paths = set()
     for template in AMI.glob("*.pkr.hcl"):
@@ -123,3 +125,112 @@ def test_every_manifest_lookup_resolves(manifest):
         for key in path.strip(".").split("."):
             assert isinstance(node, dict) and key in node, f"{path} is not in versions.json"
             node = node[key]
+
+
+# --- Slurm and MUNGE: one version for the controller and every node -----------------------------------------------
+
+def test_slurm_is_pinned_to_one_schedmd_release(manifest):
+    slurm = manifest["slurm"]
+    assert re.fullmatch(r"\d\d\.(05|11)\.\d+", slurm["version"]), "a SchedMD release: YY.MM.N"
+    assert slurm["url"] == f"https://download.schedmd.com/slurm/slurm-{slurm['version']}.tar.bz2"
+    assert slurm["prefix"] == "/usr/local" and slurm["sysconfdir"] == "/etc/slurm"
+
+
+def test_the_pinned_slurm_is_one_the_rendered_cloud_config_is_written_for(manifest):
+    """trainer.slurm.conf leaves cloud_reg_addrs (defunct since 23.11) and PrivateData=cloud (default since 23.02)
+    out of a cloud cluster's slurm.conf, and needs cgroup/v2 (22.05+) on Ubuntu 22.04: the images' Slurm is 23.11
+    or newer."""
+    major, minor, _ = (int(x) for x in manifest["slurm"]["version"].split("."))
+    assert (major, minor) >= (23, 11)
+
+
+def test_munge_is_pinned_to_its_signed_release(manifest):
+    munge = manifest["munge"]
+    tag = f"munge-{munge['version']}"
+    assert munge["url"] == f"https://github.com/dun/munge/releases/download/{tag}/{tag}.tar.xz"
+    assert munge["sig_url"] == munge["url"] + ".asc"
+    assert re.fullmatch(r"[0-9A-F]{40}", munge["gpg_fingerprint"])
+    assert vtuple(munge["version"]) >= (0, 5, 18), "0.5.18 fixes CVE-2026-25506"
+    assert munge["prefix"] == manifest["slurm"]["prefix"]  # Slurm is built --with-munge there
+
+
+def test_accounts_have_fixed_distinct_ids(manifest):
+    accounts = manifest["accounts"]
+    assert set(accounts) == {"munge", "slurm", "gpufleet"}
+    uids = [a["uid"] for a in accounts.values()]
+    gids = [a["gid"] for a in accounts.values()]
+    assert all(isinstance(i, int) and i > 0 for i in uids + gids)
+    assert len(set(uids)) == len(uids) and len(set(gids)) == len(gids)
+    # The stack's shared file system keeps the controller's state directory for the slurm user's ids (an EFS
+    # access point that enforces them): infra and the image agree on them.
+    from infra.slurm import SLURM_GID, SLURM_UID
+
+    assert (accounts["slurm"]["uid"], accounts["slurm"]["gid"]) == (SLURM_UID, SLURM_GID)
+    assert accounts["gpufleet"]["uid"] >= 1000  # the job user: no system account
+    assert accounts["gpufleet"]["home"] == "/var/lib/gpufleet"
+
+
+# --- efs-utils: mount.efs for the AWS stacks' EFS mounts ----------------------------------------------------------
+
+def test_efs_utils_is_pinned_to_a_release_tag_and_its_commit(manifest):
+    efs = manifest["efs_utils"]
+    assert efs["url"] == f"https://github.com/aws/efs-utils/archive/refs/tags/v{efs['version']}.tar.gz"
+    assert re.fullmatch(r"[0-9a-f]{40}", efs["commit"]), "the tag's commit, checked against the archive"
+    assert efs["package"] == "amazon-efs-utils" and re.fullmatch(r"\d+", efs["release"])  # build-deb.sh's RELEASE
+    # 2.4.2 retries "access denied" on access-point mounts (a new access point's provisioning race at first boot);
+    # 2.0.4 retries the IMDSv2 token an iam mount needs.
+    assert vtuple(efs["version"]) >= (2, 4, 2)
+    assert "no checksum" in efs["checksum_source"]
+    assert "efs_utils" not in manifest["azure_hpc_base"]["ships"]
+
+
+def test_efs_utils_build_tools_are_pinned_verified_downloads(manifest):
+    rust, go = manifest["efs_utils"]["rust"], manifest["efs_utils"]["go"]
+    assert rust["url"] == f"https://static.rust-lang.org/dist/rust-{rust['version']}-x86_64-unknown-linux-gnu.tar.xz"
+    assert rust["sig_url"] == rust["url"] + ".asc"
+    assert rust["gpg_key_url"] == "https://static.rust-lang.org/rust-key.gpg.ascii"
+    # Rust Language (Tag and Release Signing Key) <rust-key@rust-lang.org>
+    assert rust["gpg_fingerprint"] == "108F66205EAEB0AAA8DD5E1C85AB96E6FA1BE5FE"
+    assert go["url"] == f"https://go.dev/dl/go{go['version']}.linux-amd64.tar.gz"
+    for tool in (rust, go):  # the floors efs-utils' README gives for the pinned release
+        assert vtuple(tool["version"]) >= vtuple(tool["minimum"])
+        assert "sha256" in tool and "build tool only" in tool["reason"]
+
+
+def test_every_signing_key_is_pinned_by_its_full_fingerprint(manifest):
+    found = dict(fingerprints(manifest))
+    assert {"efa_installer", "efs_utils.rust", "munge", "aznfs.apt_repository"} <= set(found)
+    for path, item in found.items():
+        assert re.fullmatch(r"[0-9A-F]{40}", item["gpg_fingerprint"]), path  # a v4 fingerprint, not a key id
+        assert item["gpg_key_url"].startswith("https://"), path
+
+
+# --- NFS clients: nfs-common everywhere, the AZNFS mount helper on Azure ------------------------------------------
+
+def test_nfs_common_is_pinned_from_the_ubuntu_archive(manifest):
+    nfs = manifest["nfs_common"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", nfs["version"])
+    # The upstream version with nfs-utils' epoch and any Ubuntu revision: jammy-updates/-security replace a revision,
+    # and the archive keeps only the newest one, so an exact revision would stop resolving.
+    assert nfs["apt_pin"] == f"1:{nfs['version']}-*"
+    assert nfs["packages"][0] == "nfs-common" and "libnfsidmap1" in nfs["packages"]  # one source package: nfs-utils
+    assert "url" not in nfs and "nfs_common" not in manifest["azure_hpc_base"]["ships"]
+
+
+def test_aznfs_comes_from_microsofts_repository_with_its_key_pinned(manifest):
+    aznfs, release = manifest["aznfs"], manifest["ubuntu"]["release"]
+    repo = aznfs["apt_repository"]
+    # Microsoft's documented install (Encryption in transit for NFS Azure file shares): packages.microsoft.com's
+    # repository for the image's Ubuntu release, signed with Microsoft's key (microsoft.asc).
+    assert repo["uri"] == f"https://packages.microsoft.com/ubuntu/{release}/prod" and repo["component"] == "main"
+    assert repo["gpg_key_url"] == "https://packages.microsoft.com/keys/microsoft.asc"
+    # Microsoft (Release signing) <gpgsecurity@microsoft.com>
+    assert repo["gpg_fingerprint"] == "BC528686B50D79E339D3721CEB3E94ADBE1229CF"
+    # apt checks the repository's signed Release file and each package's hash: nothing is downloaded outside apt.
+    assert "url" not in aznfs and "sha256" not in aznfs
+    assert aznfs["package"] == "aznfs" and aznfs["apt_pin"] == aznfs["version"]  # the .deb's version: no revision
+    assert vtuple(aznfs["version"]) >= (3, 0, 19), "3.0.x carries the NFSv4 stunnel guard and mount-hang fixes"
+    assert aznfs["config"] == "/opt/microsoft/aznfs/data/config"  # the package's AUTO_UPDATE_AZNFS switch
+    assert aznfs["ca_file"] == "/etc/ssl/certs/DigiCert_Global_Root_G2.pem"  # stunnel's CAfile for Azure Files
+    # The Ubuntu-HPC base image carries an aznfs of its own: not "shipped", the pinned one replaces it.
+    assert "aznfs" not in manifest["azure_hpc_base"]["ships"]

@@ -119,3 +119,14 @@ def test_plugin_file_holds_only_the_plugin_requirements():
     assert re.findall(r"^(\w+)[^\n]*\{\s*$", code, re.MULTILINE) == ["packer"]  # one top-level block
     assert 'source  = "github.com/hashicorp/amazon"' in code and 'source  = "github.com/hashicorp/azure"' in code
     assert 'source  = "github.com/hashicorp/tencentcloud"' in code
+
+
+def test_azure_tags_the_versions_it_installs_within_its_limit(packer_dir, manifest):
+    tags = parse_hcl_map(console(packer_dir, "local.azure_image_tags", "-var=tags={owner=\"ml-platform\"}"))
+    for name in ("slurm", "munge", "trainer", "nfs_common", "aznfs"):  # aznfs: Azure's alone
+        assert tags[f"gpufleet:{name}"] == manifest[name]["version"]
+    for name in (*manifest["azure_hpc_base"]["ships"], "efa_installer", "aws_ofi_nccl", "cloudwatch_agent",
+                 "efs_utils"):
+        assert f"gpufleet:{name}" not in tags  # the base image's own, or AWS's
+    assert tags["gpufleet:base-image"].startswith(f"{manifest['azure_hpc_base']['offer']}:")
+    assert tags["owner"] == "ml-platform" and len(tags) <= 15  # a managed image takes 15 tags

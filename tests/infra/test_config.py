@@ -65,7 +65,7 @@ CASES = [
     ({"gpufleet:instanceTypes": []}, "gpufleet:instanceTypes", "at least 1"),
     ({"gpufleet:nodes": {"min": 3, "desired": 2, "max": 1}}, "gpufleet:nodes", "min <= desired <= max"),
     ({"gpufleet:nodes": {"min": 0, "desired": 0, "max": "four"}}, "gpufleet:nodes.max", "an integer"),
-    ({"gpufleet:nodes": {"min": 0, "max": 2}}, "gpufleet:nodes.desired", "required"),
+    ({"gpufleet:nodes": {"min": 0, "max": 2, "wanted": 1}}, "gpufleet:nodes.wanted", "unknown key"),
     ({"gpufleet:nodes": {"min": -1, "desired": 0, "max": 2}}, "gpufleet:nodes.min", ">= 0"),
     ({"gpufleet:spot": "sometimes"}, "gpufleet:spot", "true or false"),
     ({"gpufleet:cloud": "gcp"}, "gpufleet:cloud", "aws, azure or tencent"),
@@ -73,8 +73,24 @@ CASES = [
     ({"gpufleet:dataClassification": "secret"}, "gpufleet:dataClassification", "public"),
     ({"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}},
      "gpufleet:instanceTypes", "EFA"),
-    ({"gpufleet:mode": "gang", "gpufleet:instanceTypes": ["p5.48xlarge"],
-      "gpufleet:nodes": {"min": 0, "desired": 2, "max": 2}}, "gpufleet:nodes", "fixed size"),
+    ({"gpufleet:partitions": [{"name": "gpu", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 2}}]},
+     "gpufleet:mode", "not both"),
+    ({"gpufleet:partitions": [{"name": "GPU", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 2}}],
+      "gpufleet:mode": None, "gpufleet:instanceTypes": None, "gpufleet:nodes": None, "gpufleet:spot": None},
+     "gpufleet:partitions[0].name", "lowercase"),
+    ({"gpufleet:partitions": [{"name": "a", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 2}},
+                              {"name": "a", "instanceTypes": ["p5.48xlarge"], "nodes": {"max": 2}, "gang": True}],
+      "gpufleet:mode": None, "gpufleet:instanceTypes": None, "gpufleet:nodes": None, "gpufleet:spot": None},
+     "gpufleet:partitions[1].name", "once"),
+    ({"gpufleet:partitions": [{"name": "big", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 2}, "gang": True}],
+      "gpufleet:mode": None, "gpufleet:instanceTypes": None, "gpufleet:nodes": None, "gpufleet:spot": None},
+     "gpufleet:partitions[0].instanceTypes", "EFA"),
+    ({"gpufleet:partitions": [{"name": "a", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 0}}],
+      "gpufleet:mode": None, "gpufleet:instanceTypes": None, "gpufleet:nodes": None, "gpufleet:spot": None},
+     "gpufleet:partitions[0].nodes.max", ">= 1"),
+    ({"gpufleet:partitions": []}, "gpufleet:partitions", "non-empty"),
+    ({"gpufleet:controller": {"instanceType": "p5.48xlarge"}}, "gpufleet:controller.instanceType", "m6i.large"),
+    ({"gpufleet:controller": "big"}, "gpufleet:controller", "instanceType"),
     ({"gpufleet:dataClassification": "phi", "aws:region": "us-east-1"}, "aws:region", "must stay in"),
     ({"gpufleet:allowedRegions": ["eu-central-1"], "gpufleet:dataClassification": "personal"},
      "aws:region", "eu-central-1"),
@@ -210,14 +226,19 @@ def test_program_entry_reports_config_errors_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("override,fragment", [
-    ({"gpufleet:nodes": {"min": 0, "desired": 0, "max": 101}}, r"^gpufleet:nodes: .*at most 100 on azure"),
+    ({"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 0, "max": 201}, "gpufleet:spot": False},
+     r"^gpufleet:nodes: .*at most 200 on azure for a gang partition"),
+    ({"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 0, "max": 2}},
+     r"^gpufleet:spot: true is not allowed; false for a gang partition on azure"),
     ({"gpufleet:instanceTypes": ["Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4"]},
      r"^gpufleet:instanceTypes: .*one size on azure"),
 ])
-def test_azure_scale_set_limits_are_config_errors(override, fragment):
+def test_azure_partition_limits_are_config_errors(override, fragment):
     raw, _ = config.read_stack_file(ROOT / "Pulumi.azure.yaml")
     with pytest.raises(config.ConfigError, match=fragment):
         config.parse({**raw, **override}, "azure")
+    # a queue partition holds up to 1000 nodes (a Flexible scale set's)
+    assert config.parse({**raw, "gpufleet:nodes": {"min": 0, "max": 500}}, "azure").partitions[0].nodes.max == 500
 
 
 def raw_tencent(**overrides):

@@ -13,12 +13,17 @@ PROGRAMS = {"resume": "/opt/gpufleet/bin/slurm-resume", "suspend": "/opt/gpuflee
 
 def stack(name: str, **overrides) -> config.StackConfig:
     raw, secrets = config.read_stack_file(ROOT / f"Pulumi.{name}.yaml")
-    raw = {**raw, **overrides}
+    raw = {k: v for k, v in {**raw, **overrides}.items() if v is not None}  # None: the key is not given
     return config.parse(raw, name, secrets)
 
 
 def settings(text: str) -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in text.splitlines() if ln and not ln.startswith("#") and " " not in ln)
+
+
+def features(cfg: config.StackConfig) -> tuple[str, ...]:
+    (part,) = cfg.partitions
+    return slurm.features(part)
 
 
 def node_line(text: str) -> str:
@@ -31,13 +36,13 @@ def node_line(text: str) -> str:
 EXPECTED = {
     "dev": Partition(name="gpu", count=4, cpus=4, memory_mb=15564, gpus=1,
                      features=("g6.xlarge", "g5.xlarge", "g6.2xlarge", "g5.2xlarge", "spot"), always_on=0,
-                     default=True),
+                     default=True, max_nodes=1),
     "prod": Partition(name="gpu", count=4, cpus=192, memory_mb=1992294, gpus=8,
                       features=("p5.48xlarge", "efa", "gang"), always_on=4, default=True),
     "azure": Partition(name="gpu", count=4, cpus=96, memory_mb=875520, gpus=8,
-                       features=("Standard_ND96asr_v4", "spot"), always_on=0, default=True),
+                       features=("Standard_ND96asr_v4", "spot"), always_on=0, default=True, max_nodes=1),
     "tencent": Partition(name="gpu", count=4, cpus=80, memory_mb=311296, gpus=8,
-                         features=("GN10Xp.20XLARGE320", "spot"), always_on=0, default=True),
+                         features=("GN10Xp.20XLARGE320", "spot"), always_on=0, default=True, max_nodes=1),
 }
 
 
@@ -81,8 +86,10 @@ def test_each_stack_renders(name, kill_wait):
     assert conf["ResumeProgram"] == "/opt/gpufleet/bin/slurm-resume"
     assert conf["SlurmdSpoolDir"] == "/var/spool/slurmd/%n"
     assert conf["StateSaveLocation"] == "/var/spool/slurmctld"
-    assert "PartitionName=gpu Nodes=gpu-[1-4] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" in (
+    span = "" if name == "prod" else " MaxNodes=1"  # queue partitions' nodes cannot reach each other
+    assert f"PartitionName=gpu Nodes=gpu-[1-4] Default=YES MaxTime=INFINITE{span} State=UP OverSubscribe=NO" in (
         text.splitlines())
+    assert conf["SrunPortRange"] == "60001-63000"
 
 
 def test_dev_renders_scale_to_zero_spot_nodes():
@@ -118,6 +125,23 @@ def test_azure_and_tencent_render_eight_gpu_spot_nodes():
 GANG2 = {"gpufleet:mode": "gang", "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}}
 
 
+def test_partitions_key_makes_one_slurm_partition_each_the_first_default():
+    cfg = stack("dev", **{"gpufleet:mode": None, "gpufleet:instanceTypes": None, "gpufleet:nodes": None,
+                          "gpufleet:spot": None, "gpufleet:partitions": [
+                              {"name": "small", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 8}, "spot": True},
+                              {"name": "big", "instanceTypes": ["p5.48xlarge"], "nodes": {"min": 1, "max": 2},
+                               "gang": True}]})
+    small, big = slurm.partitions(cfg)
+    assert (small.name, small.count, small.always_on, small.default, small.features) == (
+        "small", 8, 0, True, ("g6.xlarge", "spot"))
+    assert (big.name, big.count, big.always_on, big.default, big.features, big.gpus) == (
+        "big", 2, 1, False, ("p5.48xlarge", "efa", "gang"), 8)
+    text = render_slurm_conf(slurm.cluster(cfg, "c", PROGRAMS))
+    assert "PartitionName=big Nodes=big-[1-2] Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO" in text
+    assert "PartitionName=small Nodes=small-[1-8] Default=YES MaxTime=INFINITE MaxNodes=1 State=UP" in text
+    assert settings(text)["SuspendExcNodes"] == "big-1"
+
+
 def test_count_is_nodes_max_and_always_on_nodes_min():
     (p,) = slurm.partitions(stack("dev", **{"gpufleet:nodes": {"min": 1, "desired": 2, "max": 7}}))
     assert (p.count, p.always_on) == (7, 1)
@@ -127,35 +151,37 @@ def test_count_is_nodes_max_and_always_on_nodes_min():
 
 
 def test_spot_feature_only_when_spot():
-    assert "spot" in slurm.features(stack("dev"))
-    assert slurm.features(stack("dev", **{"gpufleet:spot": False})) == (
+    assert "spot" in features(stack("dev"))
+    assert features(stack("dev", **{"gpufleet:spot": False})) == (
         "g6.xlarge", "g5.xlarge", "g6.2xlarge", "g5.2xlarge")
 
 
 def test_efa_needs_gang_mode_and_an_efa_primary():
-    assert slurm.features(stack("prod")) == ("p5.48xlarge", "efa", "gang")
+    assert features(stack("prod")) == ("p5.48xlarge", "efa", "gang")
     # the same EFA type in queue mode: no efa, no gang
     queue = stack("prod", **{"gpufleet:mode": "queue", "gpufleet:nodes": {"min": 0, "desired": 0, "max": 4}})
-    assert slurm.features(queue) == ("p5.48xlarge",)
+    assert features(queue) == ("p5.48xlarge",)
     # gang mode on a single node of a type without EFA: gang, no efa
     single = stack("dev", **{"gpufleet:mode": "gang", "gpufleet:instanceTypes": ["g6.xlarge"],
                              "gpufleet:nodes": {"min": 1, "desired": 1, "max": 1}})
-    assert slurm.features(single) == ("g6.xlarge", "spot", "gang")
+    assert features(single) == ("g6.xlarge", "spot", "gang")
 
 
 def test_efa_from_the_primary_type_only():
     # g5.8xlarge has one EFA interface: gang over EFA
     efa = stack("dev", **{**GANG2, "gpufleet:instanceTypes": ["g5.8xlarge"]})
-    assert slurm.features(efa) == ("g5.8xlarge", "spot", "efa", "gang")
+    assert features(efa) == ("g5.8xlarge", "spot", "efa", "gang")
 
 
 def test_infiniband_needs_gang_mode_and_an_infiniband_type():
-    assert slurm.features(stack("azure")) == ("Standard_ND96asr_v4", "spot")
-    assert slurm.features(stack("azure", **GANG2)) == ("Standard_ND96asr_v4", "spot", "infiniband", "gang")
+    assert features(stack("azure")) == ("Standard_ND96asr_v4", "spot")
+    # an Azure gang shares InfiniBand in an availability set, which takes no spot VMs
+    assert features(stack("azure", **GANG2, **{"gpufleet:spot": False})) == ("Standard_ND96asr_v4", "infiniband",
+                                                                             "gang")
 
 
 def test_tencent_gang_has_no_fabric_feature():
-    assert slurm.features(stack("tencent", **GANG2)) == ("GN10Xp.20XLARGE320", "spot", "gang")
+    assert features(stack("tencent", **GANG2)) == ("GN10Xp.20XLARGE320", "spot", "gang")
 
 
 def test_shape_from_the_primary_type():

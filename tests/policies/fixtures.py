@@ -1,8 +1,11 @@
 """Hand-built resource sets with the shapes the engine sends (camelCase inputs, launch-template
 booleans as strings, URNs, parents, dependencies and property dependencies).
 
-`aws_gang()`, `aws_queue()` and `azure_queue()` build compliant stacks modelled on the gpufleet
-stacks; tests mutate one thing and expect exactly the policy that guards it to fire.
+`aws_gang()`, `aws_queue()`, `azure_queue()` and `tencent_queue()` build compliant stacks modelled on the gpufleet
+stacks: Slurm partitions as `gpufleet:<cloud>:Partition` components with what their nodes need as children (AWS:
+launch template and cluster placement group; Azure: an empty Flexible scale set, or for a multi-node gang an
+availability set; Tencent: a CVM launch template), the controller under its component, the munge key's secret and
+the shared file system; tests mutate one thing and expect exactly the policy that guards it to fire.
 """
 from __future__ import annotations
 
@@ -225,7 +228,8 @@ def _access_logs(s: Stack, bucket: dict, name: str, t: dict) -> None:
           deps={"bucket": [bucket], "targetBucket": [logs]})
 
 
-def _template(s: Stack, sg: dict, cards: int, instance_type: Optional[str], classification: str, spot: bool) -> dict:
+def _template(s: Stack, sg: dict, cards: int, classification: str, parent: dict) -> dict:
+    """A partition's launch template: no instance type (the partition's types go to CreateFleet)."""
     inputs: dict[str, Any] = {
         "imageId": "ami-0a1b2c3d4e5f60718",
         "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1},
@@ -233,61 +237,117 @@ def _template(s: Stack, sg: dict, cards: int, instance_type: Optional[str], clas
                                                                     "encrypted": "true", "kmsKeyId": KEY_ARN,
                                                                     "deleteOnTermination": "true"}}],
         "networkInterfaces": efa_interfaces(cards, "sg-51b340616cd3da298"),
-        "tagSpecifications": [{"resourceType": "instance", "tags": tags(classification, s.stack)}],
+        "tagSpecifications": [{"resourceType": kind, "tags": tags(classification, s.stack)}
+                              for kind in ("instance", "volume", "network-interface")],
         "tags": tags(classification, s.stack),
     }
-    if instance_type:
-        inputs["instanceType"] = instance_type
-    if spot:
-        inputs["instanceMarketOptions"] = {"marketType": "spot"}
-    return s.add("aws:ec2/launchTemplate:LaunchTemplate", "node", inputs, deps={"networkInterfaces": [sg]})
+    return s.add("aws:ec2/launchTemplate:LaunchTemplate", "node", inputs, deps={"networkInterfaces": [sg]},
+                 parent=parent)
 
 
-def _asg_tags(classification: str, stack: str) -> list[dict]:
-    return [{"key": k, "value": v, "propagateAtLaunch": True} for k, v in tags(classification, stack).items()]
+PARTITION = "gpufleet:aws:Partition"
+CONTROLLER = "gpufleet:aws:Controller"
+TEMPLATE_ARN = "arn:aws:ec2:eu-north-1:123456789012:launch-template/lt-9afbf080c7dd4dd7f"
+NODE_ROLE_ARN = "arn:aws:iam::123456789012:role/gpufleet-node-4932714"
+FS_ARN = "arn:aws:elasticfilesystem:eu-north-1:123456789012:file-system/fs-0a1b2c3d4e5f60718"
+
+
+def partition(s: Stack, subnets: list[dict], **props) -> dict:
+    """A Slurm partition component with the properties infra.aws.partition gives it."""
+    subnet_ids = props.pop("subnetIds")
+    return s.add(PARTITION, "gpu", {"partition": "gpu", **props, "subnetIds": subnet_ids},
+                 deps={"subnetIds": subnets}, custom=False)
+
+
+def launch_statements(stack: str, template_arns: list[str] = (TEMPLATE_ARN,)) -> list[dict]:
+    """The controller's launch rights as infra.aws.policies.controller_policy writes them."""
+    ec2 = "arn:aws:ec2:eu-north-1:123456789012"
+    from_templates = {"ArnEquals": {"ec2:LaunchTemplate": list(template_arns)}}
+    return [
+        {"Sid": "LaunchNodesTagged", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": f"{ec2}:instance/*",
+         "Condition": {**from_templates, "StringEquals": {"aws:RequestTag/gpufleet-stack": stack}}},
+        {"Sid": "LaunchNodeParts", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [f"{ec2}:volume/*", f"{ec2}:network-interface/*"], "Condition": from_templates},
+        {"Sid": "LaunchFromStackResources", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [*template_arns, f"{ec2}:subnet/subnet-9ed9e5720457e2e00",
+                      f"{ec2}:security-group/sg-51b340616cd3da298",
+                      "arn:aws:ec2:eu-north-1::image/ami-0a1b2c3d4e5f60718"]},
+        {"Sid": "CreateFleetRequests", "Effect": "Allow", "Action": "ec2:CreateFleet", "Resource": f"{ec2}:fleet/*"},
+        {"Sid": "TerminateStackNodes", "Effect": "Allow", "Action": "ec2:TerminateInstances",
+         "Resource": f"{ec2}:instance/*",
+         "Condition": {"StringEquals": {"ec2:ResourceTag/gpufleet-stack": stack}}},
+        {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": NODE_ROLE_ARN,
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+        {"Sid": "DescribeNodes", "Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"],
+         "Resource": "*"},
+    ]
+
+
+def efs_policy(fs_arn: str = FS_ARN) -> str:
+    """The shared file system's policy: TLS only, nodes mount through the access point."""
+    return _policy([
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
+         "Resource": fs_arn, "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "NodesMountHome", "Effect": "Allow", "Principal": {"AWS": NODE_ROLE_ARN},
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], "Resource": fs_arn}])
+
+
+def _slurm(s: Stack, c: dict[str, dict], classification: str, template: dict, controller_type: str) -> None:
+    """What every Slurm stack has beside its partitions: the controller (its instance on a network interface of
+    its own, its role's launch rights), the munge key's empty secret and the shared file system."""
+    t = tags(classification, s.stack)
+    eni = s.add("aws:ec2/networkInterface:NetworkInterface", "controller-eni", {
+        "subnetId": "subnet-9ed9e5720457e2e00", "securityGroups": ["sg-70c69a8013a0c5e32"],
+        "description": "Slurm controller", "tags": t}, deps={"subnetId": [c["subnet"]]})
+    role = s.add("aws:iam/role:Role", "controller-role", {"assumeRolePolicy": _policy([
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
+    controller = s.add(CONTROLLER, "controller", {}, custom=False)
+    s.add("aws:iam/rolePolicy:RolePolicy", "controller-policy", {
+        "role": "controller-1a2b", "policy": _policy(launch_statements(s.stack))},
+        deps={"role": [role], "policy": [template, c["role"]]}, parent=controller)
+    s.add("aws:ec2/instance:Instance", "controller-instance", {
+        "ami": "ami-0a1b2c3d4e5f60718", "instanceType": controller_type, "iamInstanceProfile": "controller-1a2b",
+        "networkInterfaces": [{"networkInterfaceId": "eni-b85d18a3ef8ebcb32", "deviceIndex": 0}],
+        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1},
+        "rootBlockDevice": {"volumeSize": 50, "volumeType": "gp3", "encrypted": True, "kmsKeyId": KEY_ARN,
+                            "deleteOnTermination": True},
+        "tags": t}, deps={"networkInterfaces": [eni], "rootBlockDevice": [c["key"]]}, parent=controller)
+    s.add("aws:secretsmanager/secret:Secret", "munge", {
+        "namePrefix": f"gpufleet-{s.stack}-munge-", "kmsKeyId": KEY_ARN, "recoveryWindowInDays": 7, "tags": t},
+        deps={"kmsKeyId": [c["key"]]})
+    fs = s.add("aws:efs/fileSystem:FileSystem", "shared", {
+        "encrypted": True, "kmsKeyId": KEY_ARN, "performanceMode": "generalPurpose", "throughputMode": "elastic",
+        "tags": t}, deps={"kmsKeyId": [c["key"]]})
+    s.add("aws:efs/fileSystemPolicy:FileSystemPolicy", "shared-policy", {
+        "fileSystemId": "fs-0a1b2c3d4e5f60718", "policy": efs_policy()}, deps={"fileSystemId": [fs], "policy": [fs]})
 
 
 def aws_gang(stack: str = "prod", classification: str = "personal", instance_type: str = "p5.48xlarge",
-             nodes: int = 4, efa_cards: int = 32) -> Stack:
-    """A multi-node EFA gang stack: one cluster placement group, one subnet, on-demand."""
+             nodes: int = 4, efa_cards: int = 32, controller_type: str = "m6i.large") -> Stack:
+    """A multi-node EFA gang partition: all nodes always on, one cluster placement group, one subnet, on-demand."""
     s = Stack(stack)
     c = _aws_common(s, classification)
-    lt = _template(s, c["sg"], efa_cards, None, classification, spot=False)
-    pg = s.add("aws:ec2/placementGroup:PlacementGroup", "cluster", {"strategy": "cluster",
-                                                                    "tags": tags(classification, stack)})
-    s.add("aws:autoscaling/group:Group", "nodes", {
-        "minSize": nodes, "maxSize": nodes, "desiredCapacity": nodes, "capacityRebalance": False,
-        "placementGroup": "gpufleet-cluster-48b1b03", "vpcZoneIdentifiers": ["subnet-9ed9e5720457e2e00"],
-        "mixedInstancesPolicy": {
-            "instancesDistribution": {"onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 100},
-            "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-9afbf080c7dd4dd7f",
-                                                               "version": "1"},
-                               "overrides": [{"instanceType": instance_type}]}},
-        "initialLifecycleHooks": [{"name": "checkpoint", "lifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-                                   "heartbeatTimeout": 600, "defaultResult": "CONTINUE"}],
-        "tags": _asg_tags(classification, stack),
-    }, deps={"mixedInstancesPolicy": [lt], "placementGroup": [pg], "vpcZoneIdentifiers": [c["subnet"]]})
+    part = partition(s, [c["subnet"]], instanceTypes=[instance_type], maxNodes=nodes, alwaysOn=nodes, spot=False,
+                     onDemandBase=0, gang=True, gpusPerNode=8, efaInterfaces=efa_cards,
+                     subnetIds=["subnet-9ed9e5720457e2e00"])
+    lt = _template(s, c["sg"], efa_cards, classification, part)
+    if nodes > 1:
+        s.add("aws:ec2/placementGroup:PlacementGroup", "cluster", {"strategy": "cluster",
+                                                                   "tags": tags(classification, stack)}, parent=part)
+    _slurm(s, c, classification, lt, controller_type)
     return s
 
 
 def aws_queue(stack: str = "dev", classification: str = "internal") -> Stack:
-    """A queue-mode spot stack on single-GPU types without EFA that scales to zero."""
+    """A queue partition of spot single-GPU types without EFA across three subnets that powers down to zero."""
     s = Stack(stack)
     c = _aws_common(s, classification)
-    lt = _template(s, c["sg"], 0, "g6.xlarge", classification, spot=False)
-    s.add("aws:autoscaling/group:Group", "nodes", {
-        "minSize": 0, "maxSize": 4, "desiredCapacity": 0, "capacityRebalance": True,
-        "vpcZoneIdentifiers": ["subnet-1", "subnet-2", "subnet-3"],
-        "mixedInstancesPolicy": {
-            "instancesDistribution": {"onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 0,
-                                      "spotAllocationStrategy": "price-capacity-optimized"},
-            "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-1", "version": "1"},
-                               "overrides": [{"instanceType": "g6.xlarge"}, {"instanceType": "g5.xlarge"}]}},
-        "tags": _asg_tags(classification, stack),
-    }, deps={"mixedInstancesPolicy": [lt], "vpcZoneIdentifiers": [c["subnet"]]})
-    s.add("aws:autoscaling/lifecycleHook:LifecycleHook", "checkpoint", {
-        "autoscalingGroupName": "gpufleet-dev-nodes", "lifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-        "heartbeatTimeout": 600, "defaultResult": "CONTINUE"}, deps={"autoscalingGroupName": [s.get("nodes")]})
+    part = partition(s, [c["subnet"]], instanceTypes=["g6.xlarge", "g5.xlarge"], maxNodes=4, alwaysOn=0, spot=True,
+                     onDemandBase=0, gang=False, gpusPerNode=1, efaInterfaces=0,
+                     subnetIds=["subnet-1", "subnet-2", "subnet-3"])
+    lt = _template(s, c["sg"], 0, classification, part)
+    _slurm(s, c, classification, lt, "m6i.large")
     return s
 
 
@@ -300,10 +360,65 @@ def vault_properties(**overrides) -> dict:
     return {k: v for k, v in {**values, **overrides}.items() if v is not None}
 
 
-def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack:
-    """An InfiniBand scale set behind an autoscale setting that reaches zero, with locked-down storage."""
+AZ_PARTITION = "gpufleet:azure:Partition"
+AZ_CONTROLLER = "gpufleet:azure:Controller"
+SUBSCRIPTION = "/subscriptions/00000000-0000-4000-8000-000000000001/resourceGroups/gpufleet-azure"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"
+AZ_KEY_ENCRYPTION = {"keySource": "Microsoft.Keyvault", "keyVaultProperties": {
+    "keyName": "gpufleet", "keyVaultUri": "https://gpufleet-kv.vault.azure.net/"}}
+
+
+def linux_os_profile(computer_name: str = "controller") -> dict:
+    """An osProfile with SSH keys only (infra.azure.controller)."""
+    return {"computerName": computer_name, "adminUsername": "azureuser",
+            "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
+                {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": SSH_KEY}]}}}
+
+
+def azure_vm(size: str = "Standard_D2s_v5", nic: str = f"{SUBSCRIPTION}/providers/Microsoft.Network/"
+             "networkInterfaces/gpufleet-azure-controller", **overrides) -> dict:
+    """A VM's inputs as the controller's: on its own NIC, encryption at host, SSH keys only."""
+    values = {"resourceGroupName": "gpufleet-azure", "location": "westeurope", "hardwareProfile": {"vmSize": size},
+              "osProfile": linux_os_profile(), "securityProfile": {"encryptionAtHost": True},
+              "networkProfile": {"networkInterfaces": [{"id": nic, "primary": True, "deleteOption": "Detach"}]},
+              "storageProfile": {"osDisk": {"createOption": "FromImage", "diskSizeGB": 64,
+                                            "managedDisk": {"storageAccountType": "Premium_LRS"}}},
+              "priority": "Regular"}
+    return {**values, **overrides}
+
+
+def azure_partition(name: str = "gpu", size: str = "Standard_ND96asr_v4", gang: bool = False, nodes: int = 4,
+                    **overrides) -> dict:
+    """A Slurm partition component's properties (infra.azure.partition.props)."""
+    multi = gang and nodes > 1
+    values = {"partition": name, "vmSize": size, "instanceTypes": [size], "maxNodes": nodes, "alwaysOn": 0,
+              "spot": not multi, "onDemandBase": 0, "gang": gang, "gpusPerNode": 8, "infiniband": True,
+              "placement": "availability_set" if multi else "scale_set"}
+    return {**values, **overrides}
+
+
+def azure_partition_group(s: Stack, part: dict, t: dict) -> dict:
+    """The partition's child: an empty Flexible scale set, or for a multi-node gang an availability set."""
+    name = part["inputs"]["partition"]
+    if part["inputs"]["placement"] == "availability_set":
+        return s.add("azure-native:compute:AvailabilitySet", f"{name}-avset", {
+            "resourceGroupName": "gpufleet-azure-nodes", "location": "westeurope", "availabilitySetName":
+            f"gpufleet-azure-{name}", "platformFaultDomainCount": 1, "platformUpdateDomainCount": 1,
+            "sku": {"name": "Aligned"}, "tags": t}, parent=part)
+    return s.add("azure-native:compute:VirtualMachineScaleSet", f"{name}-vmss", {
+        "resourceGroupName": "gpufleet-azure-nodes", "location": "westeurope", "vmScaleSetName": f"gpufleet-azure-{name}",
+        "orchestrationMode": "Flexible", "platformFaultDomainCount": 1, "singlePlacementGroup": False, "tags": t},
+        parent=part)
+
+
+def azure_queue(stack: str = "azure", classification: str = "personal", gang_nodes: int = 0) -> Stack:
+    """The Azure stack's shapes: locked-down storage, a queue partition whose VMs join an empty Flexible scale set
+    (with `gang_nodes`, a second partition "big", a gang whose VMs share an availability set), the controller VM on
+    its own NIC in a subnet whose only way out is a NAT gateway with the stack's one public IP, the munge key's
+    placeholder secret, the NFS shares' FileStorage account behind a private endpoint."""
     s = Stack(stack)
     t = tags(classification, stack)
+    cmk = {"encryption": AZ_KEY_ENCRYPTION} if classification == "phi" else {}
     rg = s.add("azure-native:resources:ResourceGroup", "rg", {"location": "westeurope", "tags": t})
     s.add("azure-native:storage:StorageAccount", "data", {
         "resourceGroupName": "gpufleet-azure-rg", "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
@@ -311,45 +426,88 @@ def azure_queue(stack: str = "azure", classification: str = "personal") -> Stack
         "allowSharedKeyAccess": False, "publicNetworkAccess": "Enabled",
         "networkRuleSet": {"defaultAction": "Deny", "bypass": "AzureServices",
                            "virtualNetworkRules": [{"virtualNetworkResourceId": "/subscriptions/x/subnets/nodes"}]},
-        **({"encryption": {"keySource": "Microsoft.Keyvault", "keyVaultProperties": {
-            "keyName": "gpufleet", "keyVaultUri": "https://gpufleet-kv.vault.azure.net/"}}}
-           if classification == "phi" else {}),
-        "tags": t}, deps={"resourceGroupName": [rg]})
+        **cmk, "tags": t}, deps={"resourceGroupName": [rg]})
     s.add("azure-native:storage:BlobContainer", "checkpoints", {"accountName": "gpufleetazuredata",
                                                                  "resourceGroupName": "gpufleet-azure-rg",
                                                                  "publicAccess": "None"})
+    deny_internet = {"name": "deny-internet", "direction": "Inbound", "access": "Deny", "priority": 4000,
+                     "protocol": "*", "sourceAddressPrefix": "Internet", "sourcePortRange": "*",
+                     "destinationAddressPrefix": "*", "destinationPortRange": "*"}
     s.add("azure-native:network:NetworkSecurityGroup", "nodes-nsg", {
         "resourceGroupName": "gpufleet-azure-rg", "tags": t,
         "securityRules": [{"name": "vnet-in", "direction": "Inbound", "access": "Allow", "priority": 100,
                            "protocol": "*", "sourceAddressPrefix": "VirtualNetwork", "sourcePortRange": "*",
                            "destinationAddressPrefix": "VirtualNetwork", "destinationPortRange": "*"},
-                          {"name": "deny-internet", "direction": "Inbound", "access": "Deny", "priority": 4000,
-                           "protocol": "*", "sourceAddressPrefix": "Internet", "sourcePortRange": "*",
-                           "destinationAddressPrefix": "*", "destinationPortRange": "*"}]})
-    vmss = s.add("azure-native:compute:VirtualMachineScaleSet", "nodes", {
-        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope", "tags": t,
-        "sku": {"name": "Standard_ND96asr_v4", "tier": "Standard", "capacity": 0},
-        "orchestrationMode": "Uniform", "singlePlacementGroup": True, "platformFaultDomainCount": 1,
-        "overprovision": False, "upgradePolicy": {"mode": "Manual"},
-        "virtualMachineProfile": {
-            "priority": "Spot", "evictionPolicy": "Delete",
-            "osProfile": {"computerNamePrefix": "gpu", "adminUsername": "azureuser",
-                          "linuxConfiguration": {"disablePasswordAuthentication": True, "ssh": {"publicKeys": [
-                              {"path": "/home/azureuser/.ssh/authorized_keys",
-                               "keyData": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"}]}}},
-            "securityProfile": {"encryptionAtHost": True},
-        }}, deps={"resourceGroupName": [rg]})
+                          deny_internet]})
+    controller_nsg = s.add("azure-native:network:NetworkSecurityGroup", "controller-nsg", {
+        "resourceGroupName": "gpufleet-azure-rg", "tags": t,
+        "securityRules": [{"name": "slurmctld-from-nodes", "direction": "Inbound", "access": "Allow", "priority": 100,
+                           "protocol": "Tcp", "sourceAddressPrefix": "10.64.0.0/20", "sourcePortRange": "*",
+                           "destinationAddressPrefix": "10.64.16.0/24", "destinationPortRange": "6817"},
+                          deny_internet,
+                          {"name": "resource-manager", "direction": "Outbound", "access": "Allow", "priority": 100,
+                           "protocol": "Tcp", "sourceAddressPrefix": "10.64.16.0/24", "sourcePortRange": "*",
+                           "destinationAddressPrefix": "AzureResourceManager", "destinationPortRange": "443"},
+                          {"name": "deny-internet-out", "direction": "Outbound", "access": "Deny", "priority": 4000,
+                           "protocol": "*", "sourceAddressPrefix": "*", "sourcePortRange": "*",
+                           "destinationAddressPrefix": "Internet", "destinationPortRange": "*"}]})
+    egress = s.add("azure-native:network:PublicIPAddress", "controller-egress", {
+        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope", "sku": {"name": "Standard"},
+        "publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv4", "tags": t})
+    nat = s.add("azure-native:network:NatGateway", "controller-nat", {
+        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope", "sku": {"name": "Standard"},
+        "publicIpAddresses": [{"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/publicIPAddresses/egress"}],
+        "tags": t}, deps={"publicIpAddresses": [egress]})
+    subnet = s.add("azure-native:network:Subnet", "controller-subnet", {
+        "resourceGroupName": "gpufleet-azure-rg", "virtualNetworkName": "gpufleet-azure", "subnetName": "controller",
+        "addressPrefix": "10.64.16.0/24", "defaultOutboundAccess": False,
+        "natGateway": {"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/natGateways/controller"},
+        "networkSecurityGroup": {"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/networkSecurityGroups/c"}},
+        deps={"natGateway": [nat], "networkSecurityGroup": [controller_nsg]})
+    nic = s.add("azure-native:network:NetworkInterface", "controller-nic", {
+        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope", "enableAcceleratedNetworking": True,
+        "ipConfigurations": [{"name": "ipconfig1", "primary": True, "privateIPAllocationMethod": "Static",
+                              "privateIPAddress": "10.64.16.4",
+                              "subnet": {"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/virtualNetworks/"
+                                               "gpufleet-azure/subnets/controller"}}],
+        "tags": t}, deps={"ipConfigurations": [subnet]})
+    controller = s.add(AZ_CONTROLLER, "controller", {}, custom=False)
+    s.add("azure-native:compute:VirtualMachine", "controller-vm", {**azure_vm(), "tags": t},
+          deps={"networkProfile": [nic]}, parent=controller)
+    part = s.add(AZ_PARTITION, "gpu", azure_partition(), custom=False)
+    azure_partition_group(s, part, t)
+    if gang_nodes:
+        big = s.add(AZ_PARTITION, "big", azure_partition("big", gang=True, nodes=gang_nodes), custom=False)
+        azure_partition_group(s, big, t)
     s.add("azure-native:containerregistry:Registry", "registry", {
         "resourceGroupName": "gpufleet-azure-rg", "registryName": "gpufleetazure0a1b2c3d", "sku": {"name": "Premium"},
         "adminUserEnabled": False, "anonymousPullEnabled": False, "publicNetworkAccess": "Disabled",
         "networkRuleBypassOptions": "None", "tags": t}, deps={"resourceGroupName": [rg]})
-    s.add("azure-native:keyvault:Vault", "vault", {
+    vault = s.add("azure-native:keyvault:Vault", "vault", {
         "resourceGroupName": "gpufleet-azure-rg", "vaultName": "gfazure-0a1b2c3d", "tags": t,
         "properties": vault_properties()}, deps={"resourceGroupName": [rg]})
-    s.add("azure-native:monitor:AutoscaleSetting", "nodes-autoscale", {
-        "resourceGroupName": "gpufleet-azure-rg", "enabled": True, "targetResourceUri": "/subscriptions/x/vmss/nodes",
-        "profiles": [{"name": "queue", "capacity": {"minimum": "0", "maximum": "4", "default": "0"}, "rules": []}],
-        "tags": t}, deps={"targetResourceUri": [vmss]})
+    s.add("azure-native:keyvault:Secret", "munge", {
+        "resourceGroupName": "gpufleet-azure-rg", "vaultName": "gfazure-0a1b2c3d", "secretName": "slurm-munge-key",
+        "properties": {"value": "unset", "contentType": "text/plain"}, "tags": t}, deps={"vaultName": [vault]})
+    files = s.add("azure-native:storage:StorageAccount", "shared-fs-account", {
+        "resourceGroupName": "gpufleet-azure-rg", "kind": "FileStorage", "sku": {"name": "Premium_LRS"},
+        "enableHttpsTrafficOnly": True, "minimumTlsVersion": "TLS1_2", "allowBlobPublicAccess": False,
+        "allowSharedKeyAccess": False, "publicNetworkAccess": "Disabled",
+        "networkRuleSet": {"defaultAction": "Deny", "bypass": "None"},
+        "encryption": AZ_KEY_ENCRYPTION if classification == "phi" else {
+            "keySource": "Microsoft.Storage", "services": {"file": {"enabled": True, "keyType": "Account"}}},
+        "tags": t}, deps={"resourceGroupName": [rg]})
+    for share in ("home", "slurm-state"):
+        s.add("azure-native:storage:FileShare", f"shared-fs-{share}", {
+            "resourceGroupName": "gpufleet-azure-rg", "accountName": "gpufazure7472ec00", "shareName": share,
+            "enabledProtocols": "NFS", "shareQuota": 100, "rootSquash": "NoRootSquash"},
+            deps={"accountName": [files]})
+    s.add("azure-native:network:PrivateEndpoint", "shared-fs-endpoint", {
+        "resourceGroupName": "gpufleet-azure-rg", "location": "westeurope",
+        "privateLinkServiceConnections": [{"name": "file", "groupIds": ["file"], "privateLinkServiceId":
+                                           f"{SUBSCRIPTION}/providers/Microsoft.Storage/storageAccounts/files"}],
+        "subnet": {"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/virtualNetworks/gpufleet-azure/subnets/nodes"},
+        "tags": t}, deps={"privateLinkServiceConnections": [files]})
     return s
 
 
@@ -366,10 +524,68 @@ def tencent_tls_policy(bucket: str) -> str:
                   "condition": {"numeric_less_than": {"cos:tls-version": 1.2}}}])
 
 
+TC_PARTITION = "gpufleet:tencent:Partition"
+TC_CONTROLLER = "gpufleet:tencent:Controller"
+TC_UIN = "100000000001"
+TC_CONTROLLER_IP = "10.72.240.10"
+
+
+def tencent_launch_statements(stack: str) -> list[dict]:
+    """The controller's launch rights as infra/tencent/controller.py writes them."""
+    cvm = f"qcs::cvm:ap-shanghai:uin/{TC_UIN}"
+    return [
+        {"effect": "allow", "action": ["name/cvm:RunInstances"],
+         "resource": [f"{cvm}:instance/*", f"qcs::vpc:ap-shanghai:uin/{TC_UIN}:subnet/subnet-sucsrxbo",
+                      f"{cvm}:sg/sg-zr5s9g2e", f"{cvm}:image/img-78622eme"],
+         "condition": {"for_any_value:string_equal": {"qcs:request_tag": [f"gpufleet-stack&{stack}"]}}},
+        {"effect": "allow", "action": ["name/cam:PassRole"],
+         "resource": [f"qcs::cam::uin/{TC_UIN}:roleName/gpufleet-{stack}-nodes"]},
+        {"effect": "allow", "action": ["name/cvm:TerminateInstances"], "resource": [f"{cvm}:instance/*"],
+         "condition": {"for_any_value:string_equal": {"qcs:resource_tag": [f"gpufleet-stack&{stack}"]}}},
+        {"effect": "allow", "action": ["name/cvm:DescribeInstances"], "resource": [f"{cvm}:instance/*"]},
+        {"effect": "allow", "action": ["name/ssm:GetSecretValue", "name/ssm:PutSecretValue"],
+         "resource": [f"qcs::ssm:ap-shanghai:uin/{TC_UIN}:secret/creatorUin/{TC_UIN}/gpufleet-{stack}-munge"]},
+    ]
+
+
+def tencent_partition(name: str = "gpu", **overrides) -> dict:
+    """A Slurm partition component's properties (infra.tencent.partition.props)."""
+    values = {"partition": name, "instanceTypes": ["GN10Xp.20XLARGE320"], "maxNodes": 4, "alwaysOn": 0,
+              "spot": True, "onDemandBase": 0, "gang": False, "gpusPerNode": 8,
+              "subnetIds": ["subnet-sucsrxbo", "subnet-4hls89m0"]}
+    return {**values, **overrides}
+
+
+def tencent_launch_template(t: dict, **overrides) -> dict:
+    """A partition's launch template as infra/tencent/partition.py makes it: no public IP, no bandwidth, the
+    image's login, the system disk only."""
+    values = {"launchTemplateName": "gpufleet-tencent-gpu-node", "imageId": "img-78622eme",
+              "instanceType": "GN10Xp.20XLARGE320", "instanceChargeType": "POSTPAID_BY_HOUR",
+              "placement": {"zone": "ap-shanghai-2", "projectId": 0},
+              "virtualPrivateCloud": {"vpcId": "vpc-ohdqtqwt", "subnetId": "subnet-sucsrxbo"},
+              "systemDisk": {"diskType": "CLOUD_PREMIUM", "diskSize": 200},
+              "internetAccessible": {"publicIpAssigned": False, "internetMaxBandwidthOut": 0},
+              "loginSettings": {"keepImageLogin": "TRUE"}, "camRoleName": "gpufleet-tencent-nodes",
+              "securityGroupIds": ["sg-zr5s9g2e"], "tags": t}
+    return {**values, **overrides}
+
+
+def tencent_controller(t: dict, **overrides) -> dict:
+    values = {"instanceName": "gpufleet-tencent-controller", "instanceType": "S5.LARGE8", "imageId": "img-78622eme",
+              "availabilityZone": "ap-shanghai-2", "vpcId": "vpc-ohdqtqwt", "subnetId": "subnet-di5e2kva",
+              "privateIp": TC_CONTROLLER_IP, "allocatePublicIp": False, "internetMaxBandwidthOut": 0,
+              "instanceChargeType": "POSTPAID_BY_HOUR", "systemDiskType": "CLOUD_PREMIUM", "systemDiskSize": 50,
+              "keepImageLogin": True, "camRoleName": "gpufleet-tencent-controller",
+              "orderlySecurityGroups": ["sg-5hagdd40"], "tags": t}
+    return {**values, **overrides}
+
+
 def tencent_queue(stack: str = "tencent", classification: str = "personal") -> Stack:
     """The Tencent stack's shapes: a private KMS-encrypted logged bucket with TLS-only policies, a security
-    group admitting only itself, a CAM policy naming its resources, a spot launch configuration without a public
-    IP or data disks, and a group from zero with a terminate hook."""
+    group admitting only itself, CAM policies naming their resources (the controller's launch rights bounded by the
+    stack tag), a spot queue partition whose launch template has no public IP, password or data disk, the
+    controller instance, the shared /home on CFS with a permission group of its own, the munge key's SSM secret
+    (stack key, placeholder version)."""
     s = Stack(stack)
     t = tags(classification, stack)
     key = s.add("tencentcloud:Kms/key:Key", "key", {"alias": "gpufleet", "keyUsage": "ENCRYPT_DECRYPT",
@@ -394,7 +610,7 @@ def tencent_queue(stack: str = "tencent", classification: str = "personal") -> S
                       {"action": "DROP", "protocol": "ALL", "port": "ALL", "cidrBlock": "0.0.0.0/0"}],
         "egresses": [{"action": "ACCEPT", "protocol": "TCP", "port": "80,443", "cidrBlock": "0.0.0.0/0"}]},
         deps={"securityGroupId": [sg], "ingresses": [sg]})
-    s.add("tencentcloud:Cam/role:Role", "node-role", {"name": "gpufleet-tencent-nodes", "document": _cam([
+    role = s.add("tencentcloud:Cam/role:Role", "node-role", {"name": "gpufleet-tencent-nodes", "document": _cam([
         {"action": ["name/sts:AssumeRole"], "effect": "allow", "principal": {"service": ["cvm.qcloud.com"]}}]),
         "tags": t})
     s.add("tencentcloud:Cam/policy:Policy", "node-policy", {"name": "gpufleet-tencent-nodes", "document": _cam([
@@ -403,19 +619,30 @@ def tencent_queue(stack: str = "tencent", classification: str = "personal") -> S
         {"effect": "allow", "action": ["name/tdmq:ReceiveMessage"],
          "resource": ["qcs::tdmq:ap-shanghai:uin/100000000001:queue/gpufleet-tencent-jobs"]}])},
         deps={"document": [data]})
-    config = s.add("tencentcloud:As/scalingConfig:ScalingConfig", "node", {
-        "configurationName": "gpufleet-tencent-node", "instanceTypes": ["GN10Xp.20XLARGE320"],
-        "imageId": "img-1a2b3c4d", "systemDiskType": "CLOUD_PREMIUM", "systemDiskSize": 200,
-        "publicIpAssigned": False, "internetMaxBandwidthOut": 0, "camRoleName": "gpufleet-tencent-nodes",
-        "instanceChargeType": "SPOTPAID", "spotInstanceType": "one-time", "spotMaxPrice": "162.80",
-        "securityGroupIds": ["sg-zr5s9g2e"], "instanceTags": t, "tags": t},
-        deps={"securityGroupIds": [sg]})
-    group = s.add("tencentcloud:As/scalingGroup:ScalingGroup", "nodes", {
-        "scalingGroupName": "gpufleet-tencent-nodes", "configurationId": "asc-ps9pcdv4", "minSize": 0,
-        "maxSize": 4, "desiredCapacity": 0, "vpcId": "vpc-ohdqtqwt", "subnetIds": ["subnet-1", "subnet-2"],
-        "tags": t}, deps={"configurationId": [config]})
-    s.add("tencentcloud:As/lifecycleHook:LifecycleHook", "checkpoint", {
-        "scalingGroupId": "asg-93u1srs4", "lifecycleHookName": "checkpoint", "lifecycleTransition": "INSTANCE_TERMINATING",
-        "defaultResult": "CONTINUE", "heartbeatTimeout": 600}, deps={"scalingGroupId": [group]})
+    part = s.add(TC_PARTITION, "gpu", tencent_partition(), custom=False)
+    template = s.add("tencentcloud:Cvm/launchTemplate:LaunchTemplate", "node", tencent_launch_template(t),
+                     deps={"securityGroupIds": [sg], "camRoleName": [role]}, parent=part)
+    secret = s.add("tencentcloud:Ssm/secret:Secret", "munge", {
+        "secretName": f"gpufleet-{stack}-munge", "kmsKeyId": "6b42dc33-a065-4ef2-854b-20cd8c4aa87f",
+        "recoveryWindowInDays": 7, "isEnabled": True, "tags": t}, deps={"kmsKeyId": [key]})
+    s.add("tencentcloud:Ssm/secretVersion:SecretVersion", "munge-init", {
+        "secretName": f"gpufleet-{stack}-munge", "versionId": "init", "secretString": "unset"},
+        deps={"secretName": [secret]})
+    controller = s.add(TC_CONTROLLER, "controller", {}, custom=False)
+    s.add("tencentcloud:Cam/policy:Policy", "controller-policy", {
+        "name": f"gpufleet-{stack}-controller", "document": _cam(tencent_launch_statements(stack))},
+        deps={"document": [role, secret, sg]}, parent=controller)
+    s.add("tencentcloud:Instance/instance:Instance", "controller-instance", tencent_controller(t),
+          deps={"userData": [template, secret]}, parent=controller)
+    group = s.add("tencentcloud:Cfs/accessGroup:AccessGroup", "home-group", {
+        "name": f"gpufleet-{stack}-home", "description": "/home: node subnets root-squashed, the controller as root"})
+    for i, (address, root) in enumerate(((TC_CONTROLLER_IP, "no_root_squash"), ("10.72.0.0/20", "root_squash"))):
+        s.add("tencentcloud:Cfs/accessRule:AccessRule", f"home-rule-{i}", {
+            "accessGroupId": "pgroup-pnrrir4t", "authClientIp": address, "priority": i + 1, "rwPermission": "RW",
+            "userPermission": root}, deps={"accessGroupId": [group]})
+    s.add("tencentcloud:Cfs/fileSystem:FileSystem", "home", {
+        "name": f"gpufleet-{stack}-home", "availabilityZone": "ap-shanghai-2", "accessGroupId": "pgroup-pnrrir4t",
+        "protocol": "NFS", "storageType": "SD", "netInterface": "VPC", "vpcId": "vpc-ohdqtqwt",
+        "subnetId": "subnet-di5e2kva", "mountIp": "10.72.240.11", "tags": t}, deps={"accessGroupId": [group]})
     s.add("tencentcloud:Tcmq/queue:Queue", "jobs", {"queueName": "gpufleet-tencent-jobs", "visibilityTimeout": 10800})
     return s

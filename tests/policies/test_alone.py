@@ -1,7 +1,9 @@
 """Every policy against its resource alone, with no siblings: no bucket beside a bucket setting, no launch
-template beside a group, no VPC beside a queue. A check that only follows links from a parent would pass
-these; each must give exactly the verdicts listed (the resource's own faults, and what its missing
-siblings mean, nothing else).
+template or placement group in a partition, no VPC beside a queue, no file system policy beside a file system.
+A check that only follows links from a parent would pass these; each must give exactly the verdicts listed (the
+resource's own faults, and what its missing siblings mean, nothing else: an Azure partition alone has no scale set
+for its VMs). A subject that is what it is by its component (a controller's instance or VM) is created under that
+component, which holds nothing else.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from tests.policies import fixtures as f
 from tests.policies.conftest import names
 
 KEY = f.KEY_ARN
-SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGdw gpufleet@example"
 
 
 def tags(stack: str) -> dict:
@@ -33,6 +34,7 @@ class Alone:
     verdicts: frozenset[str]          # exactly the policies that report
     policy_config: Optional[dict] = field(default=None)
     provider: Optional[dict] = field(default=None)   # inputs of an explicit provider the subject is created with
+    parent: Optional[str] = field(default=None)      # the type of a component the subject is created under
 
 
 def _doc(*statements: dict) -> str:
@@ -54,13 +56,20 @@ def instance(**overrides) -> dict:
     return {**values, **overrides}
 
 
-def group(stack: str, types: list[str], on_demand: int = 100, **overrides) -> dict:
-    values = {"minSize": 0, "maxSize": 2, "desiredCapacity": 0, "vpcZoneIdentifiers": ["subnet-1"],
-              "mixedInstancesPolicy": {
-                  "instancesDistribution": {"onDemandPercentageAboveBaseCapacity": on_demand},
-                  "launchTemplate": {"launchTemplateSpecification": {"launchTemplateId": "lt-0imported"},
-                                     "overrides": [{"instanceType": t} for t in types]}},
-              "tags": [{"key": k, "value": v, "propagateAtLaunch": True} for k, v in tags(stack).items()]}
+def partition(stack: str, types: list[str], gang: bool = False, **overrides) -> dict:
+    """A Slurm partition component's properties (infra.aws.partition.props)."""
+    row = {"p5.48xlarge": (8, 32), "g6.xlarge": (1, 0)}[types[0]]
+    values = {"partition": "gpu", "instanceTypes": types, "maxNodes": 2, "alwaysOn": 0, "spot": not gang,
+              "onDemandBase": 0, "gang": gang, "gpusPerNode": row[0], "efaInterfaces": row[1] if gang else 0,
+              "subnetIds": ["subnet-1"]}
+    return {**values, **overrides}
+
+
+def controller_instance(**overrides) -> dict:
+    values = {"instanceType": "m6i.large", "ami": "ami-0a1b2c3d4e5f60718",
+              "networkInterfaces": [{"networkInterfaceId": "eni-0a1b2c3d", "deviceIndex": 0}],
+              "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1},
+              "rootBlockDevice": {"encrypted": True, "kmsKeyId": KEY}, "tags": tags("prod")}
     return {**values, **overrides}
 
 
@@ -68,18 +77,6 @@ def account(**overrides) -> dict:
     values = {"resourceGroupName": "rg", "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
               "enableHttpsTrafficOnly": True, "minimumTlsVersion": "TLS1_2", "allowBlobPublicAccess": False,
               "allowSharedKeyAccess": False, "publicNetworkAccess": "Disabled", "tags": tags("azure")}
-    return {**values, **overrides}
-
-
-def scale_set(stack: str = "azure", capacity: int = 0, **overrides) -> dict:
-    values = {"resourceGroupName": "rg", "location": "westeurope", "tags": tags(stack),
-              "sku": {"name": "Standard_ND96asr_v4", "tier": "Standard", "capacity": capacity},
-              "orchestrationMode": "Uniform", "singlePlacementGroup": True, "platformFaultDomainCount": 1,
-              "virtualMachineProfile": {
-                  "osProfile": {"adminUsername": "azureuser", "linuxConfiguration": {
-                      "disablePasswordAuthentication": True,
-                      "ssh": {"publicKeys": [{"path": "/home/azureuser/.ssh/authorized_keys", "keyData": SSH_KEY}]}}},
-                  "securityProfile": {"encryptionAtHost": True}}}
     return {**values, **overrides}
 
 
@@ -106,15 +103,6 @@ def cos(**overrides) -> dict:
     return {k: v for k, v in {**values, **overrides}.items() if v is not None}
 
 
-def scaling_config(**overrides) -> dict:
-    values = {"configurationName": "gpufleet-tencent-node", "instanceTypes": ["GN10Xp.20XLARGE320"],
-              "imageId": "img-1a2b3c4d", "systemDiskType": "CLOUD_PREMIUM", "systemDiskSize": 200,
-              "publicIpAssigned": False, "internetMaxBandwidthOut": 0, "camRoleName": "gpufleet-tencent-nodes",
-              "instanceChargeType": "SPOTPAID", "spotInstanceType": "one-time", "spotMaxPrice": "162.80",
-              "securityGroupIds": ["sg-zr5s9g2e"], "instanceTags": tags("tencent"), "tags": tags("tencent")}
-    return {**values, **overrides}
-
-
 def tc_key(**overrides) -> dict:
     values = {"alias": "gpufleet", "keyUsage": "ENCRYPT_DECRYPT", "isEnabled": True, "keyRotationEnabled": True,
               "tags": tags("tencent")}
@@ -133,16 +121,21 @@ BUCKET_MISSING_ALL = frozenset({"aws-s3-bucket-sse-kms", "aws-s3-bucket-versioni
                                 "aws-s3-bucket-tls-only", "aws-s3-bucket-access-logging"})
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 INSTANCE = "aws:ec2/instance:Instance"
-ASG = "aws:autoscaling/group:Group"
+PARTITION = "gpufleet:aws:Partition"
+CONTROLLER = "gpufleet:aws:Controller"
+SECRET = "aws:secretsmanager/secret:Secret"
+EFS = "aws:efs/fileSystem:FileSystem"
 QUEUE = "aws:sqs/queue:Queue"
 LOGS = "aws:cloudwatch/logGroup:LogGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 SA = "azure-native:storage:StorageAccount"
-VMSS = "azure-native:compute:VirtualMachineScaleSet"
+VM = "azure-native:compute:VirtualMachine"
+AZ_PARTITION = "gpufleet:azure:Partition"
+AZ_CONTROLLER = "gpufleet:azure:Controller"
 NSG = "azure-native:network:NetworkSecurityGroup"
 COS = "tencentcloud:Cos/bucket:Bucket"
-TC_SCALING_CONFIG = "tencentcloud:As/scalingConfig:ScalingConfig"
-TC_SCALING_GROUP = "tencentcloud:As/scalingGroup:ScalingGroup"
+TC_LAUNCH_TEMPLATE = "tencentcloud:Cvm/launchTemplate:LaunchTemplate"
+TC_PARTITION = "gpufleet:tencent:Partition"
 TC_KMS_KEY = "tencentcloud:Kms/key:Key"
 NO_TLS_POLICY = "tencent-cos-bucket-tls-only"   # a bucket alone has no bucket policy denying plain HTTP
 PHI_WITHOUT_VPC = "aws-ec2-vpc-flow-logs"   # a phi stack with AWS resources and no VPC declares no flow log
@@ -230,25 +223,28 @@ ALONE = [
     Alone("aws-ec2-securitygroup-efa-self-traffic", "prod", LT,
           template("prod", instanceType="p5.48xlarge", networkInterfaces=f.efa_interfaces(32, "sg-1")),
           one("aws-ec2-securitygroup-efa-self-traffic")),
-    Alone("aws-autoscaling-group-efa-cluster", "prod", ASG,
-          group("prod", ["p5.48xlarge"], minSize=4, maxSize=4, desiredCapacity=4),
-          one("aws-autoscaling-group-efa-cluster")),
-    Alone("aws-autoscaling-group-spot-lifecycle", "dev", ASG, group("dev", ["g6.xlarge"], on_demand=0),
-          one("aws-autoscaling-group-spot-lifecycle")),
-    Alone("aws-autoscaling-group-gpu-quota", "prod", ASG,
-          group("prod", ["p5.48xlarge"], maxSize=16, placementGroup="cluster-1"),
-          one("aws-autoscaling-group-gpu-quota", "aws-autoscaling-group-monthly-ceiling")),
-    Alone("aws-autoscaling-group-queue-scale-to-zero", "dev", ASG, group("dev", ["g6.xlarge"], minSize=1),
-          one("aws-autoscaling-group-queue-scale-to-zero")),
-    Alone("aws-autoscaling-group-monthly-ceiling", "dev", ASG, group("dev", ["g6.xlarge"], maxSize=20),
-          one("aws-autoscaling-group-monthly-ceiling")),
-    Alone("azure-compute-vmss-queue-scale-to-zero", "azure", VMSS, scale_set(capacity=1),
-          one("azure-compute-vmss-queue-scale-to-zero")),
-    Alone("azure-compute-vmss-gpu-quota", "azure", VMSS, scale_set(capacity=10),
-          one("azure-compute-vmss-gpu-quota", "azure-compute-vmss-queue-scale-to-zero")),
-    Alone("azure-compute-vmss-monthly-ceiling", "azure", VMSS, scale_set(capacity=1),
-          one("azure-compute-vmss-monthly-ceiling", "azure-compute-vmss-queue-scale-to-zero"),
-          policy_config={"azure-compute-vmss-monthly-ceiling": {"monthlyCeilingUsd": 1}}),
+    Alone("aws-slurm-partition-efa-cluster", "prod", PARTITION,
+          partition("prod", ["p5.48xlarge"], gang=True, maxNodes=4, alwaysOn=4),
+          one("aws-slurm-partition-efa-cluster")),
+    Alone("aws-slurm-partition-gpu-quota", "prod", PARTITION, partition("prod", ["p5.48xlarge"], maxNodes=16),
+          one("aws-slurm-partition-gpu-quota", "aws-slurm-partition-monthly-ceiling")),
+    Alone("aws-slurm-partition-queue-scale-to-zero", "dev", PARTITION, partition("dev", ["g6.xlarge"], alwaysOn=1),
+          one("aws-slurm-partition-queue-scale-to-zero")),
+    Alone("aws-slurm-partition-monthly-ceiling", "dev", PARTITION, partition("dev", ["g6.xlarge"], maxNodes=20),
+          one("aws-slurm-partition-monthly-ceiling")),
+    # --- the Slurm controller, the munge key, the shared file system, launch rights -----------------
+    Alone("aws-slurm-controller-hardened", "prod", INSTANCE,
+          controller_instance(metadataOptions={"httpTokens": "required", "httpPutResponseHopLimit": 2}),
+          one("aws-slurm-controller-hardened"), parent=CONTROLLER),
+    Alone("aws-secretsmanager-secret-cmk", "prod", SECRET,
+          {"namePrefix": "gpufleet-prod-munge-", "recoveryWindowInDays": 7, "tags": tags("prod")},
+          one("aws-secretsmanager-secret-cmk")),
+    Alone("aws-efs-filesystem-cmk-tls-only", "prod", EFS,   # a file system alone has no TLS-only policy
+          {"encrypted": True, "kmsKeyId": KEY, "tags": tags("prod")}, one("aws-efs-filesystem-cmk-tls-only")),
+    Alone("aws-iam-policy-bounded-launch", "prod", ROLE_POLICY,
+          {"role": "r", "policy": _doc({"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+                                        "Resource": "arn:aws:ec2:eu-north-1:123456789012:instance/*"})},
+          one("aws-iam-policy-bounded-launch")),
     # --- Azure ------------------------------------------------------------------------------------
     Alone("azure-storage-account-https-only", "azure", SA, account(enableHttpsTrafficOnly=False),
           one("azure-storage-account-https-only")),
@@ -260,17 +256,27 @@ ALONE = [
           one("azure-storage-account-no-shared-key")),
     Alone("azure-storage-account-restricted-network", "azure", SA, account(publicNetworkAccess="Enabled"),
           one("azure-storage-account-restricted-network")),
-    Alone("azure-compute-vmss-infiniband-layout", "azure", VMSS, scale_set(platformFaultDomainCount=5),
-          one("azure-compute-vmss-infiniband-layout")),
-    Alone("azure-compute-vmss-ssh-keys-only", "azure", VMSS, scale_set(virtualMachineProfile={
-        "osProfile": {"adminUsername": "azureuser", "adminPassword": "[secret]",
-                      "linuxConfiguration": {"disablePasswordAuthentication": False}},
-        "securityProfile": {"encryptionAtHost": True}}), one("azure-compute-vmss-ssh-keys-only")),
-    Alone("azure-compute-vmss-encryption-at-host", "azure", VMSS, scale_set(virtualMachineProfile={
-        "osProfile": {"adminUsername": "azureuser", "linuxConfiguration": {
-            "disablePasswordAuthentication": True,
-            "ssh": {"publicKeys": [{"path": "/home/azureuser/.ssh/authorized_keys", "keyData": SSH_KEY}]}}}}),
-        one("azure-compute-vmss-encryption-at-host")),
+    Alone("azure-slurm-partition-placement", "azure", AZ_PARTITION, f.azure_partition(),   # no scale set beside it
+          one("azure-slurm-partition-placement")),
+    Alone("azure-compute-vm-ssh-keys-only", "azure", VM, f.azure_vm(osProfile={
+        "adminUsername": "azureuser", "adminPassword": "[secret]",
+        "linuxConfiguration": {"disablePasswordAuthentication": False}}, tags=tags("azure")),
+        one("azure-compute-vm-ssh-keys-only")),
+    Alone("azure-compute-vm-encryption-at-host", "azure", VM, f.azure_vm(securityProfile={}, tags=tags("azure")),
+          one("azure-compute-vm-encryption-at-host")),
+    Alone("azure-slurm-controller-hardened", "azure", VM,
+          f.azure_vm(securityProfile={"encryptionAtHost": False}, tags=tags("azure")),
+          one("azure-slurm-controller-hardened", "azure-compute-vm-encryption-at-host"), parent=AZ_CONTROLLER),
+    Alone("azure-network-publicip-nat-only", "azure", "azure-native:network:PublicIPAddress",
+          {"resourceGroupName": "rg", "sku": {"name": "Standard"}, "publicIPAllocationMethod": "Static",
+           "tags": tags("azure")}, one("azure-network-publicip-nat-only")),
+    Alone("azure-slurm-partition-gpu-quota", "azure", AZ_PARTITION, f.azure_partition(maxNodes=9),
+          one("azure-slurm-partition-gpu-quota", "azure-slurm-partition-placement")),
+    Alone("azure-slurm-partition-queue-scale-to-zero", "azure", AZ_PARTITION, f.azure_partition(alwaysOn=1),
+          one("azure-slurm-partition-queue-scale-to-zero", "azure-slurm-partition-placement")),
+    Alone("azure-slurm-partition-monthly-ceiling", "azure", AZ_PARTITION, f.azure_partition(),
+          one("azure-slurm-partition-monthly-ceiling", "azure-slurm-partition-placement"),
+          policy_config={"azure-slurm-partition-monthly-ceiling": {"monthlyCeilingUsd": 1}}),
     Alone("azure-network-nsg-no-internet-inbound", "azure", NSG, {"resourceGroupName": "rg", "tags": tags("azure"),
           "securityRules": [{"name": "ssh", "direction": "Inbound", "access": "Allow", "priority": 200,
                              "protocol": "Tcp", "sourceAddressPrefix": "Internet", "destinationPortRange": "22"}]},
@@ -280,12 +286,10 @@ ALONE = [
                                                           "tags": tags("prod")}, one("aws-any-resource-gdpr-region")),
     Alone("azure-any-resource-gdpr-region", "azure", SA, account(location="eastus"),
           one("azure-any-resource-gdpr-region")),
-    Alone("aws-ec2-instancetype-hipaa-eligible", "phi", LT,
-          template("phi", instanceType="g6.xlarge"),
-          one("aws-ec2-instancetype-hipaa-eligible", PHI_WITHOUT_VPC)),
-    Alone("azure-compute-vmsize-hipaa-eligible", "azure-phi", VMSS, scale_set("azure-phi"),
-          one("azure-compute-vmsize-hipaa-eligible"),
-          policy_config={"azure-compute-vmsize-hipaa-eligible": {"eligibleTypes": ["Standard_ND96isr_H100_v5"]}}),
+    Alone("aws-ec2-instancetype-hipaa-eligible", "phi", PARTITION, partition("phi", ["g6.xlarge"]),
+          one("aws-ec2-instancetype-hipaa-eligible")),
+    Alone("azure-compute-vmsize-hipaa-eligible", "azure-phi", VM, f.azure_vm(tags=tags("azure-phi")),
+          one("azure-compute-vmsize-hipaa-eligible")),   # a controller's size, but not under the controller
     Alone("aws-kms-phi-cmk-encryption", "phi", QUEUE, {"kmsMasterKeyId": "alias/aws/sqs", "tags": tags("phi")},
           one("aws-kms-phi-cmk-encryption", PHI_WITHOUT_VPC)),
     Alone("azure-storage-account-phi-cmk", "azure-phi", SA, account(tags=tags("azure-phi")),
@@ -326,8 +330,11 @@ ALONE = [
     Alone("tencent-cos-bucket-access-logging", "tencent", COS, cos(logEnable=False, logTargetBucket=None,
                                                                    logPrefix=None),
           one("tencent-cos-bucket-access-logging", NO_TLS_POLICY)),
-    Alone("tencent-cvm-node-no-public-ip", "tencent", TC_SCALING_CONFIG,
-          scaling_config(publicIpAssigned=True, internetMaxBandwidthOut=10), one("tencent-cvm-node-no-public-ip")),
+    Alone("tencent-cvm-node-no-public-ip", "tencent", TC_LAUNCH_TEMPLATE, f.tencent_launch_template(
+        tags("tencent"), internetAccessible={"publicIpAssigned": True, "internetMaxBandwidthOut": 10}),
+        one("tencent-cvm-node-no-public-ip")),
+    Alone("tencent-cvm-node-no-password-login", "tencent", TC_LAUNCH_TEMPLATE, f.tencent_launch_template(
+        tags("tencent"), loginSettings={"password": "[secret]"}), one("tencent-cvm-node-no-password-login")),
     Alone("tencent-vpc-securitygroup-no-world-inbound", "tencent", "tencentcloud:Security/groupRuleSet:GroupRuleSet",
           {"securityGroupId": "sg-zr5s9g2e",
            "ingresses": [{"action": "ACCEPT", "protocol": "TCP", "port": "22", "cidrBlock": "0.0.0.0/0"}]},
@@ -344,10 +351,26 @@ ALONE = [
           one("tencent-kms-key-rotation")),
     Alone("tencent-any-resource-pipl-region", "tencent", TC_KMS_KEY, tc_key(), one("tencent-any-resource-pipl-region"),
           provider={"region": "ap-singapore"}),
-    Alone("tencent-as-group-queue-scale-to-zero", "tencent", TC_SCALING_GROUP,
-          {"scalingGroupName": "gpufleet-tencent-nodes", "configurationId": "asc-imported", "minSize": 1,
-           "maxSize": 4, "desiredCapacity": 1, "vpcId": "vpc-ohdqtqwt", "subnetIds": ["subnet-1"],
-           "tags": tags("tencent")}, one("tencent-as-group-queue-scale-to-zero")),
+    Alone("tencent-cfs-filesystem-private-access", "tencent", "tencentcloud:Cfs/fileSystem:FileSystem",
+          {"name": "gpufleet-tencent-home", "availabilityZone": "ap-shanghai-2", "accessGroupId": "pgroup-imported",
+           "protocol": "NFS", "vpcId": "vpc-ohdqtqwt", "subnetId": "subnet-di5e2kva", "tags": tags("tencent")},
+          one("tencent-cfs-filesystem-private-access")),   # its permission group is not in the stack
+    Alone("tencent-ssm-secret-kms-no-value", "tencent", "tencentcloud:Ssm/secret:Secret",
+          {"secretName": "gpufleet-tencent-munge", "recoveryWindowInDays": 7, "tags": tags("tencent")},
+          one("tencent-ssm-secret-kms-no-value")),
+    Alone("tencent-cam-policy-bounded-launch", "tencent", "tencentcloud:Cam/policy:Policy",
+          {"name": "gpufleet-tencent-controller", "document": _cam({
+              "effect": "allow", "action": ["name/cvm:RunInstances", "name/cvm:TerminateInstances"],
+              "resource": ["qcs::cvm:ap-shanghai:uin/100000000001:instance/*"]})},
+          one("tencent-cam-policy-bounded-launch")),
+    Alone("tencent-slurm-partition-queue-scale-to-zero", "tencent", TC_PARTITION, f.tencent_partition(alwaysOn=1),
+          one("tencent-slurm-partition-queue-scale-to-zero")),
+    Alone("tencent-slurm-partition-gpu-quota", "tencent", TC_PARTITION,   # 68 GPUs, about ¥146,000 a month
+          f.tencent_partition(instanceTypes=["GN7.20XLARGE320"], gpusPerNode=4, maxNodes=17),
+          one("tencent-slurm-partition-gpu-quota")),
+    Alone("tencent-slurm-partition-monthly-ceiling", "tencent", TC_PARTITION, f.tencent_partition(),
+          one("tencent-slurm-partition-monthly-ceiling"),
+          policy_config={"tencent-slurm-partition-monthly-ceiling": {"monthlyCeilingCny": 1}}),
     Alone("tencent-any-resource-cost-tags", "tencent", "tencentcloud:Security/group:Group",
           {"description": "GPU nodes"}, one("tencent-any-resource-cost-tags")),
 ]
@@ -358,7 +381,9 @@ def test_resource_alone(packs, case: Alone):
     s = f.Stack(case.stack)
     package = case.type.split(":")[0]
     provider = s.add(f"pulumi:providers:{package}", "explicit", case.provider) if case.provider else None
-    subject = s.add(case.type, "subject", case.inputs, provider=provider)
+    parent = s.add(case.parent, "component", {}, custom=False) if case.parent else None
+    custom = not case.type.startswith("gpufleet:")
+    subject = s.add(case.type, "subject", case.inputs, provider=provider, parent=parent, custom=custom)
     verdicts = packs.run(case.stack, s.resources, case.policy_config)
     assert names(verdicts) == case.verdicts, [(v["policy"], v["message"]) for v in verdicts["violations"]]
     assert verdicts["skipped"] == []
@@ -368,16 +393,5 @@ def test_resource_alone(packs, case: Alone):
     assert all(v["urn"] in (subject["urn"], None) for v in verdicts["violations"])
 
 
-# A Tencent scaling group carries neither instance types nor the charge type: both are on its ScalingConfig, a
-# sibling resource. These three judge the pair, so no single resource can show their fault; their failing
-# fixtures (group with its config) are in test_verdicts.py.
-NOT_ALONE = {
-    "tencent-as-group-spot-terminate-hook": "spot is the ScalingConfig's charge type; the hook is on the group",
-    "tencent-as-group-gpu-quota": "GPUs per node come from the ScalingConfig's instance types",
-    "tencent-as-group-monthly-ceiling": "prices come from the ScalingConfig's instance types",
-}
-
-
 def test_every_policy_has_a_resource_alone(packs):
-    assert {p["name"] for p in packs.get("prod").policies()} == {c.policy for c in ALONE} | set(NOT_ALONE)
-    assert not set(NOT_ALONE) & {c.policy for c in ALONE}
+    assert {p["name"] for p in packs.get("prod").policies()} == {c.policy for c in ALONE}

@@ -30,8 +30,21 @@ def test_analyzer_info_describes_every_policy(packs):
     # Security is mandatory by default, hygiene and cost advisory.
     assert by_name["aws-s3-bucket-sse-kms"]["level"] == "mandatory"
     assert by_name["aws-any-resource-cost-tags"]["level"] == "advisory"
-    assert by_name["aws-autoscaling-group-monthly-ceiling"]["level"] == "advisory"
-    assert by_name["aws-autoscaling-group-gpu-quota"]["config_schema"]["maxGpus"]["default"] == 64
+    assert by_name["aws-slurm-partition-monthly-ceiling"]["level"] == "advisory"
+    assert by_name["aws-slurm-partition-gpu-quota"]["config_schema"]["maxGpus"]["default"] == 64
+    for name in ("aws-slurm-controller-hardened", "aws-secretsmanager-secret-cmk", "aws-iam-policy-bounded-launch",
+                 "aws-efs-filesystem-cmk-tls-only", "aws-slurm-partition-efa-cluster",
+                 "azure-slurm-partition-placement", "azure-slurm-controller-hardened", "azure-network-publicip-nat-only",
+                 "azure-slurm-partition-gpu-quota", "tencent-cam-policy-bounded-launch",
+                 "tencent-cfs-filesystem-private-access", "tencent-ssm-secret-kms-no-value",
+                 "tencent-cvm-node-no-password-login", "tencent-slurm-partition-gpu-quota"):
+        assert by_name[name]["level"] == "mandatory", name
+    for cloud in ("aws", "azure", "tencent"):
+        assert by_name[f"{cloud}-slurm-partition-queue-scale-to-zero"]["level"] == "advisory"
+        assert by_name[f"{cloud}-slurm-partition-monthly-ceiling"]["level"] == "advisory"
+    assert by_name["tencent-slurm-partition-monthly-ceiling"]["config_schema"]["monthlyCeilingCny"]
+    # nothing of the auto scaling groups and autoscaled scale sets the stacks no longer have
+    assert not [n for n in by_name if n.startswith(("aws-autoscaling-", "azure-compute-vmss-", "tencent-as-"))]
     assert by_name["aws-s3-bucket-tls-only"]["type"] == "stack"
     assert by_name["aws-ec2-launchtemplate-imdsv2"]["type"] == "resource"
 
@@ -55,10 +68,12 @@ def test_all_sets_every_level_and_a_policy_overrides_it(packs):
     ({"aws-s3-bucket-versioning": "strict"}, "--policy-config aws-s3-bucket-versioning.enforcementLevel",
      "advisory, mandatory"),
     ({"no-such-policy": "mandatory"}, "--policy-config no-such-policy", "policy names of the pack"),
-    ({"aws-autoscaling-group-gpu-quota": {"maxGpus": "many"}}, "--policy-config aws-autoscaling-group-gpu-quota.maxGpus",
+    ({"aws-slurm-partition-gpu-quota": {"maxGpus": "many"}}, "--policy-config aws-slurm-partition-gpu-quota.maxGpus",
      "is not of type 'integer'"),
-    ({"aws-autoscaling-group-gpu-quota": {"maxGPUs": 8}}, "--policy-config aws-autoscaling-group-gpu-quota",
+    ({"aws-slurm-partition-gpu-quota": {"maxGPUs": 8}}, "--policy-config aws-slurm-partition-gpu-quota",
      "settings: maxGpus"),
+    ({"aws-autoscaling-group-gpu-quota": {"maxGpus": 8}}, "--policy-config aws-autoscaling-group-gpu-quota",
+     "policy names of the pack"),
     ({"all": {"enforcementLevel": "loud"}}, "--policy-config all.enforcementLevel", "one of"),
 ])
 def test_bad_policy_config_is_one_clear_error(packs, config, key, fragment):
@@ -77,9 +92,48 @@ def test_unknown_values_do_not_crash_or_report(packs):
     s.get("data-policy")["inputs"]["policy"] = f.UNKNOWN
     s.get("data-sse")["inputs"]["rules"] = f.UNKNOWN
     s.get("node-policy")["inputs"]["policy"] = f.UNKNOWN
-    s.get("nodes")["inputs"]["maxSize"] = f.UNKNOWN
+    s.get("controller-policy")["inputs"]["policy"] = f.UNKNOWN
+    part = s.get("gpu")["inputs"]
+    part["maxNodes"] = part["gang"] = part["subnetIds"] = f.UNKNOWN
+    s.get("cluster")["inputs"]["strategy"] = f.UNKNOWN
+    controller = s.get("controller-instance")["inputs"]
+    controller["metadataOptions"] = {"httpTokens": f.UNKNOWN, "httpPutResponseHopLimit": f.UNKNOWN}
+    controller["rootBlockDevice"] = {"encrypted": f.UNKNOWN, "kmsKeyId": f.UNKNOWN}
+    s.get("munge")["inputs"]["kmsKeyId"] = f.UNKNOWN
+    s.get("shared")["inputs"].update(encrypted=f.UNKNOWN, kmsKeyId=f.UNKNOWN)
+    s.get("shared-policy")["inputs"]["policy"] = f.UNKNOWN
     s.get("jobs")["inputs"]["region"] = f.UNKNOWN
     verdicts = packs.run("prod", s.resources)
+    assert verdicts["violations"] == [] and verdicts["skipped"] == []
+
+
+def test_unknown_values_do_not_crash_or_report_on_azure(packs):
+    s = f.azure_queue(gang_nodes=2)
+    for name in ("gpu", "big"):
+        part = s.get(name)["inputs"]
+        part["maxNodes"] = part["gang"] = part["spot"] = part["infiniband"] = f.UNKNOWN
+    s.get("gpu-vmss")["inputs"].update(orchestrationMode=f.UNKNOWN, platformFaultDomainCount=f.UNKNOWN)
+    s.get("big-avset")["inputs"].update(sku=f.UNKNOWN, platformFaultDomainCount=f.UNKNOWN)
+    s.get("controller-vm")["inputs"].update(securityProfile=f.UNKNOWN, osProfile=f.UNKNOWN,
+                                            networkProfile=f.UNKNOWN, hardwareProfile=f.UNKNOWN)
+    s.get("controller-nic")["inputs"]["ipConfigurations"] = f.UNKNOWN
+    s.get("shared-fs-account")["inputs"]["encryption"] = f.UNKNOWN
+    verdicts = packs.run("azure", s.resources)
+    assert verdicts["violations"] == [] and verdicts["skipped"] == []
+
+
+def test_unknown_values_do_not_crash_or_report_on_tencent(packs):
+    s = f.tencent_queue()
+    part = s.get("gpu")["inputs"]
+    part["maxNodes"] = part["gang"] = part["alwaysOn"] = part["onDemandBase"] = f.UNKNOWN
+    s.get("node")["inputs"].update(internetAccessible=f.UNKNOWN, loginSettings=f.UNKNOWN, dataDisks=f.UNKNOWN)
+    s.get("controller-instance")["inputs"].update(allocatePublicIp=f.UNKNOWN, internetMaxBandwidthOut=f.UNKNOWN)
+    s.get("controller-policy")["inputs"]["document"] = f.UNKNOWN
+    s.get("home")["inputs"]["accessGroupId"] = f.UNKNOWN
+    s.get("home-rule-1")["inputs"].update(authClientIp=f.UNKNOWN, userPermission=f.UNKNOWN)
+    s.get("munge")["inputs"]["kmsKeyId"] = f.UNKNOWN
+    s.get("munge-init")["inputs"]["secretString"] = f.UNKNOWN
+    verdicts = packs.run("tencent", s.resources)
     assert verdicts["violations"] == [] and verdicts["skipped"] == []
 
 
@@ -107,7 +161,7 @@ def test_gdpr_reads_the_region_from_stack_config():
     regional = {v["urn"].rsplit("::", 1)[1] for v in verdicts["violations"]
                 if v["policy"] == "aws-any-resource-gdpr-region"}
     assert names(verdicts) == {"aws-any-resource-gdpr-region"}
-    assert {"data", "jobs", "node", "nodes", "vpc"} <= regional
+    assert {"data", "jobs", "node", "cluster", "controller-instance", "munge", "shared", "vpc"} <= regional
     assert pack.process is None  # closed by the context manager
 
 
@@ -116,7 +170,7 @@ def test_analyze_entry_point_runs_and_stops_the_pack():
     assert result["pack"] == "gpufleet-guardrails" and result["violations"] == []
     assert result["version"] == "0.1.0" and result["policy_sdk"].startswith("1.")
     assert result["resources_analyzed"] >= 20
-    assert {p["name"] for p in result["policies"]} >= {"aws-s3-bucket-sse-kms", "azure-compute-vmss-ssh-keys-only"}
+    assert {p["name"] for p in result["policies"]} >= {"aws-s3-bucket-sse-kms", "azure-compute-vm-ssh-keys-only"}
 
 
 def test_a_pack_that_cannot_start_is_one_line(tmp_path):

@@ -61,14 +61,14 @@ def test_cli_exit_status_and_one_line_summary():
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == "preview: 1 mandatory policy violation(s)"
     doc = json.loads(proc.stdout)
-    quota = [v for v in doc["policy"]["violations"] if v["policy"] == "aws-autoscaling-group-gpu-quota"]
+    quota = [v for v in doc["policy"]["violations"] if v["policy"] == "aws-slurm-partition-gpu-quota"]
     assert len(quota) == 1 and "128 GPUs, over the quota of 64" in quota[0]["message"]
 
 
 def test_bad_policy_config_file_is_exit_2(tmp_path, capsys):
     bad = tmp_path / "policy.json"
-    bad.write_text('{"aws-autoscaling-group-gpu-quota": {"maxGpus": -1}}')
+    bad.write_text('{"aws-slurm-partition-gpu-quota": {"maxGpus": -1}}')
     assert main(["--stack", "dev", "--policy-config", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --policy-config aws-autoscaling-group-gpu-quota.maxGpus: -1 is not allowed")
+    assert err.startswith("error: --policy-config aws-slurm-partition-gpu-quota.maxGpus: -1 is not allowed")
     assert "\n" not in err

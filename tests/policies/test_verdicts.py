@@ -92,6 +92,82 @@ def template_nics(nics) -> Callable[[f.Stack], None]:
     return edit("node", networkInterfaces=nics)
 
 
+def pop_path(name: str, path: tuple) -> Callable[[f.Stack], None]:
+    def change(s: f.Stack) -> None:
+        target = s.get(name)["inputs"]
+        for key in path[:-1]:
+            target = target[key]
+        target.pop(path[-1], None)
+    return change
+
+
+def depend(name: str, prop: str, *on: str) -> Callable[[f.Stack], None]:
+    """`name` takes input `prop` from the resources `on` (its property dependencies)."""
+    def change(s: f.Stack) -> None:
+        r = s.get(name)
+        r["propertyDependencies"][prop] = [s.get(n)["urn"] for n in on]
+        r["dependencies"] = sorted({u for urns in r["propertyDependencies"].values() for u in urns})
+    return change
+
+
+def child(parent: str, type_: str, name: str, values: dict) -> Callable[[f.Stack], None]:
+    return lambda s: s.add(type_, name, values, parent=s.get(parent))
+
+
+def placement_through_template(s: f.Stack) -> None:
+    """The gang's placement group outside the partition, named by its launch template's placement."""
+    s.remove("cluster")
+    group = s.add("aws:ec2/placementGroup:PlacementGroup", "shared-cluster", {"strategy": "cluster",
+                                                                             "tags": f.tags("personal", "prod")})
+    s.get("node")["inputs"]["placement"] = {"groupName": "gpufleet-shared-cluster-1a2b"}
+    depend("node", "placement", "shared-cluster")(s)
+    assert group["urn"] in s.get("node")["dependencies"]
+
+
+def second_partition(**props) -> Callable[[f.Stack], None]:
+    """A second queue partition of the same types beside the stack's first."""
+    def change(s: f.Stack) -> None:
+        values = {**s.get("gpu")["inputs"], "partition": "big", **props}
+        part = s.add(f.PARTITION, "big", values, custom=False)
+        s.add("aws:ec2/launchTemplate:LaunchTemplate", "big-node", dict(s.get("node")["inputs"]), parent=part,
+              deps={"networkInterfaces": [s.get("nodes-sg")]})
+    return change
+
+
+def launch_statement(index: int, **values) -> Callable[[f.Stack], None]:
+    """Replace fields of one statement of the controller's launch rights (None removes the field)."""
+    def change(s: f.Stack) -> None:
+        statements = f.launch_statements(s.stack)
+        for key, value in values.items():
+            if value is None:
+                statements[index].pop(key, None)
+            else:
+                statements[index][key] = value
+        s.get("controller-policy")["inputs"]["policy"] = json.dumps({"Version": "2012-10-17",
+                                                                     "Statement": statements})
+    return change
+
+
+def launch_condition(index: int, operator: str, value, **others) -> Callable[[f.Stack], None]:
+    """Set (None: remove) one condition operator of a launch statement, and add `others`."""
+    def change(s: f.Stack) -> None:
+        statements = f.launch_statements(s.stack)
+        condition = statements[index]["Condition"]
+        if value is None:
+            condition.pop(operator, None)
+        else:
+            condition[operator] = value
+        condition.update(others)
+        s.get("controller-policy")["inputs"]["policy"] = json.dumps({"Version": "2012-10-17",
+                                                                     "Statement": statements})
+    return change
+
+
+def efs_doc(*statements: dict) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": list(statements)})
+
+
+CTL = "controller-instance"
 SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
 PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 KMS_RULE = {"rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": f.KEY_ARN}}}
@@ -131,7 +207,42 @@ def tencent_abroad(s: f.Stack) -> None:
         deps={"bucket": [s.get("replica")]}, provider=provider)
 
 
-AZ_SA, AZ_VMSS = "data", "nodes"
+TC_CTL = "controller-instance"
+
+
+def cam_statement(index: int, **values) -> Callable[[f.Stack], None]:
+    """Replace fields of one statement of the Tencent controller's launch rights (None removes the field)."""
+    def change(s: f.Stack) -> None:
+        statements = f.tencent_launch_statements(s.stack)
+        for key, value in values.items():
+            if value is None:
+                statements[index].pop(key, None)
+            else:
+                statements[index][key] = value
+        s.get("controller-policy")["inputs"]["document"] = json.dumps({"version": "2.0", "statement": statements})
+    return change
+
+
+def tc_second_partition(**props) -> Callable[[f.Stack], None]:
+    """A second Tencent queue partition of the same type beside the stack's first."""
+    def change(s: f.Stack) -> None:
+        part = s.add(f.TC_PARTITION, "big", f.tencent_partition("big", **props), custom=False)
+        s.add("tencentcloud:Cvm/launchTemplate:LaunchTemplate", "big-node", dict(s.get("node")["inputs"]), parent=part)
+    return change
+
+
+AZ_SA, AZ_FILES, AZ_VMSS, AZ_VM = "data", "shared-fs-account", "gpu-vmss", "controller-vm"
+
+
+def AZ_GANG() -> f.Stack:
+    """The Azure stack with a second partition: a two-node InfiniBand gang in an availability set."""
+    return f.azure_queue(gang_nodes=2)
+
+
+def add_vm(name: str, **overrides) -> Callable[[f.Stack], None]:
+    """A VM outside the controller (a debugging VM), compliant but for `overrides`."""
+    return add("azure-native:compute:VirtualMachine", name, {**f.azure_vm(**overrides),
+                                                              "tags": f.tags("personal", "azure")})
 CASES = [
     # --- S3 ---------------------------------------------------------------------------------------
     Case("sse-aes256", "prod", set_path("data-sse", ("rules", 0, "applyServerSideEncryptionByDefault"),
@@ -234,7 +345,8 @@ CASES = [
          ("aws-iam-policy-no-wildcard-actions",), on="node-policy"),
     Case("iam-star", "prod", add("aws:iam/policy:Policy", "admin", {"policy": json.dumps({"Statement": [
         {"Effect": "Allow", "Action": "*", "Resource": "*"}]}), "tags": f.tags("personal", "prod")}),
-        ("aws-iam-policy-no-wildcard-actions", "aws-iam-policy-no-unconditioned-wildcard-write"), on="admin"),
+        ("aws-iam-policy-no-wildcard-actions", "aws-iam-policy-no-unconditioned-wildcard-write",
+         "aws-iam-policy-bounded-launch"), on="admin"),
     Case("iam-read-wildcard-ok", "prod", role_policy([{"Effect": "Allow", "Action": ["ec2:Describe*"],
                                                        "Resource": "*"}])),
     Case("iam-write-star-no-condition", "prod", role_policy([{"Effect": "Allow", "Action": "cloudwatch:PutMetricData",
@@ -297,30 +409,136 @@ CASES = [
          on="node"),
     Case("efa-sg-inline-self-rules", "prod", both(drop("nodes-sg-egress-self"), drop("nodes-sg-ingress-self"),
                                                   edit("nodes-sg", ingress=[SELF_ALL], egress=[SELF_ALL]))),
-    Case("efa-spread-placement", "prod", edit("cluster", strategy="spread"), ("aws-autoscaling-group-efa-cluster",),
-         on="nodes"),
-    Case("efa-three-subnets", "prod", edit("nodes", vpcZoneIdentifiers=["subnet-1", "subnet-2", "subnet-3"]),
-         ("aws-autoscaling-group-efa-cluster",), on="nodes"),
-    Case("efa-no-placement-group", "prod", both(pop("nodes", "placementGroup"), drop("cluster")),
-         ("aws-autoscaling-group-efa-cluster",), on="nodes"),
-    Case("efa-single-node", "prod", both(pop("nodes", "placementGroup"), drop("cluster")),
-         build=lambda: f.aws_gang(nodes=1)),
-    Case("spot-no-rebalance", "dev", edit("nodes", capacityRebalance=False), ("aws-autoscaling-group-spot-lifecycle",),
-         on="nodes"),
-    Case("spot-no-terminate-hook", "dev", drop("checkpoint"), ("aws-autoscaling-group-spot-lifecycle",), on="nodes"),
-    Case("on-demand-needs-no-hook", "prod", edit("nodes", initialLifecycleHooks=[])),
-    Case("gpu-quota-exceeded", "prod", nothing, ("aws-autoscaling-group-gpu-quota",
-                                                 "aws-autoscaling-group-monthly-ceiling"), on="nodes",
+    Case("efa-spread-placement", "prod", edit("cluster", strategy="spread"), ("aws-slurm-partition-efa-cluster",),
+         on="gpu"),
+    Case("efa-three-subnets", "prod", edit("gpu", subnetIds=["subnet-1", "subnet-2", "subnet-3"]),
+         ("aws-slurm-partition-efa-cluster",), on="gpu"),
+    Case("efa-no-placement-group", "prod", drop("cluster"), ("aws-slurm-partition-efa-cluster",), on="gpu"),
+    Case("efa-two-placement-groups", "prod", child("gpu", "aws:ec2/placementGroup:PlacementGroup", "cluster-2",
+                                                   {"strategy": "cluster", "tags": f.tags("personal", "prod")}),
+         ("aws-slurm-partition-efa-cluster",), on="gpu"),
+    Case("efa-placement-group-through-template", "prod", placement_through_template),
+    Case("efa-single-node", "prod", nothing, build=lambda: f.aws_gang(nodes=1)),
+    Case("efa-queue-partition-many-subnets", "dev", edit("gpu", maxNodes=8)),
+    Case("gpu-quota-exceeded", "prod", nothing, ("aws-slurm-partition-gpu-quota",
+                                                 "aws-slurm-partition-monthly-ceiling"), on="gpu",
          build=lambda: f.aws_gang(nodes=16)),
     Case("gpu-quota-raised", "prod", nothing, build=lambda: f.aws_gang(nodes=16),
-         policy_config={"aws-autoscaling-group-gpu-quota": {"maxGpus": 256},
-                        "aws-autoscaling-group-monthly-ceiling": {"monthlyCeilingUsd": 1_000_000}}),
-    Case("queue-min-size", "dev", edit("nodes", minSize=1), ("aws-autoscaling-group-queue-scale-to-zero",),
-         on="nodes", level="advisory"),
-    Case("monthly-ceiling", "dev", edit("nodes", maxSize=20), ("aws-autoscaling-group-monthly-ceiling",),
-         on="nodes", level="advisory"),
-    Case("monthly-ceiling-configured", "dev", edit("nodes", maxSize=20),
-         policy_config={"aws-autoscaling-group-monthly-ceiling": {"monthlyCeilingUsd": 10000}}),
+         policy_config={"aws-slurm-partition-gpu-quota": {"maxGpus": 256},
+                        "aws-slurm-partition-monthly-ceiling": {"monthlyCeilingUsd": 1_000_000}}),
+    Case("gpu-quota-sums-partitions", "dev", second_partition(maxNodes=61),
+         ("aws-slurm-partition-gpu-quota", "aws-slurm-partition-monthly-ceiling"), on="gpu"),
+    Case("gpu-quota-two-partitions-within", "dev", second_partition(maxNodes=4)),
+    Case("queue-always-on", "dev", edit("gpu", alwaysOn=1), ("aws-slurm-partition-queue-scale-to-zero",),
+         on="gpu", level="advisory"),
+    Case("gang-always-on", "prod", edit("gpu", alwaysOn=4)),
+    Case("monthly-ceiling", "dev", edit("gpu", maxNodes=20), ("aws-slurm-partition-monthly-ceiling",),
+         on="gpu", level="advisory"),
+    Case("monthly-ceiling-on-demand-base", "dev", edit("gpu", maxNodes=8, onDemandBase=4),
+         ("aws-slurm-partition-monthly-ceiling",), on="gpu", level="advisory"),
+    Case("monthly-ceiling-all-spot", "dev", edit("gpu", maxNodes=8)),
+    Case("monthly-ceiling-configured", "dev", edit("gpu", maxNodes=20),
+         policy_config={"aws-slurm-partition-monthly-ceiling": {"monthlyCeilingUsd": 10000}}),
+    # --- the Slurm controller ----------------------------------------------------------------------
+    Case("controller-hop-limit-2", "prod", set_path(CTL, ("metadataOptions", "httpPutResponseHopLimit"), 2),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-hop-limit-unset", "dev", pop_path(CTL, ("metadataOptions", "httpPutResponseHopLimit")),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-imds-optional", "prod", set_path(CTL, ("metadataOptions", "httpTokens"), "optional"),
+         ("aws-slurm-controller-hardened", "aws-ec2-instance-imdsv2"), on=CTL),
+    Case("controller-metadata-off", "prod", edit(CTL, metadataOptions={"httpEndpoint": "disabled"})),
+    Case("controller-root-default-key", "prod", pop_path(CTL, ("rootBlockDevice", "kmsKeyId")),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-root-aws-managed-key", "prod", set_path(CTL, ("rootBlockDevice", "kmsKeyId"), "alias/aws/ebs"),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-root-unencrypted", "prod", set_path(CTL, ("rootBlockDevice", "encrypted"), False),
+         ("aws-slurm-controller-hardened", "aws-ec2-instance-ebs-encrypted"), on=CTL),
+    Case("controller-data-volume-default-key", "prod", edit(CTL, ebsBlockDevices=[
+        {"deviceName": "/dev/sdf", "volumeSize": 100, "encrypted": True}]), ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-public-ip", "prod", edit(CTL, associatePublicIpAddress=True),
+         ("aws-slurm-controller-hardened", "aws-ec2-instance-no-public-ip"), on=CTL),
+    Case("controller-eip-on-interface", "prod", add("aws:ec2/eip:Eip", "controller-eip", {
+        "domain": "vpc", "networkInterface": "eni-b85d18a3ef8ebcb32"}, {"networkInterface": ["controller-eni"]}),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-eip-association", "prod", add("aws:ec2/eipAssociation:EipAssociation", "controller-eip", {
+        "allocationId": "eipalloc-0a1b2c3d", "instanceId": "i-0a1b2c3d"}, {"instanceId": [CTL]}),
+         ("aws-slurm-controller-hardened",), on=CTL),
+    Case("controller-eip-elsewhere", "prod", add("aws:ec2/eip:Eip", "nat-eip", {"domain": "vpc"})),
+    Case("controller-public-subnet", "prod", both(
+        add("aws:ec2/subnet:Subnet", "public-0", {"vpcId": "vpc-1", "cidrBlock": "10.42.200.0/24",
+                                                  "mapPublicIpOnLaunch": True, "tags": f.tags("personal", "prod")}),
+        pop(CTL, "networkInterfaces"), edit(CTL, subnetId="subnet-0public"), depend(CTL, "subnetId", "public-0")),
+         ("aws-slurm-controller-hardened", "aws-ec2-subnet-no-public-ip-on-launch"), on=CTL),
+    Case("controller-public-subnet-no-address", "prod", both(
+        add("aws:ec2/subnet:Subnet", "public-0", {"vpcId": "vpc-1", "cidrBlock": "10.42.200.0/24",
+                                                  "mapPublicIpOnLaunch": True, "tags": f.tags("personal", "prod")}),
+        pop(CTL, "networkInterfaces"), edit(CTL, subnetId="subnet-0public", associatePublicIpAddress=False),
+        depend(CTL, "subnetId", "public-0")), ("aws-ec2-subnet-no-public-ip-on-launch",), on="public-0"),
+    Case("controller-unknown-options", "prod", edit(CTL, metadataOptions=f.UNKNOWN, rootBlockDevice=f.UNKNOWN)),
+    # --- the munge key's secret, the shared file system --------------------------------------------
+    Case("secret-default-key", "prod", pop("munge", "kmsKeyId"), ("aws-secretsmanager-secret-cmk",), on="munge"),
+    Case("secret-aws-managed-key", "dev", edit("munge", kmsKeyId="alias/aws/secretsmanager"),
+         ("aws-secretsmanager-secret-cmk",), on="munge"),
+    Case("secret-aws-managed-key-arn", "prod", edit("munge", kmsKeyId="arn:aws:kms:eu-north-1:123456789012:"
+                                                                     "alias/aws/secretsmanager"),
+         ("aws-secretsmanager-secret-cmk",), on="munge"),
+    Case("secret-replica-default-key", "prod", edit("munge", replicas=[{"region": "eu-central-1"}]),
+         ("aws-secretsmanager-secret-cmk",), on="munge"),
+    Case("secret-replica-cmk", "prod", edit("munge", replicas=[{"region": "eu-central-1", "kmsKeyId": f.KEY_ARN}])),
+    Case("secret-key-unknown", "prod", edit("munge", kmsKeyId=f.UNKNOWN)),
+    Case("efs-default-key", "prod", pop("shared", "kmsKeyId"), ("aws-efs-filesystem-cmk-tls-only",), on="shared"),
+    Case("efs-unencrypted", "dev", both(pop("shared", "kmsKeyId"), edit("shared", encrypted=False)),
+         ("aws-efs-filesystem-cmk-tls-only",), on="shared"),
+    Case("efs-no-policy", "prod", drop("shared-policy"), ("aws-efs-filesystem-cmk-tls-only",), on="shared"),
+    Case("efs-policy-without-deny", "prod", edit("shared-policy", policy=efs_doc(
+        {"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": ["elasticfilesystem:ClientMount"],
+         "Resource": f.FS_ARN, "Condition": {"Bool": {"aws:SecureTransport": "true"}}})),
+         ("aws-efs-filesystem-cmk-tls-only",), on="shared-policy"),
+    Case("efs-deny-misses-root-access", "prod", edit("shared-policy", policy=efs_doc(
+        {"Effect": "Deny", "Principal": "*",
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"], "Resource": f.FS_ARN,
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}})),
+         ("aws-efs-filesystem-cmk-tls-only",), on="shared-policy"),
+    Case("efs-deny-client-actions", "prod", edit("shared-policy", policy=efs_doc(
+        {"Effect": "Deny", "Principal": "*", "Action": "elasticfilesystem:Client*", "Resource": f.FS_ARN,
+         "Condition": {"Bool": {"aws:SecureTransport": False}}}))),
+    Case("efs-foreign-policy", "prod", add("aws:efs/fileSystemPolicy:FileSystemPolicy", "legacy-policy", {
+        "fileSystemId": "fs-0legacy", "policy": efs_doc({"Effect": "Allow", "Principal": {"AWS": f.NODE_ROLE_ARN},
+                                                         "Action": "elasticfilesystem:ClientMount"})}),
+         ("aws-efs-filesystem-cmk-tls-only",), on="legacy-policy"),
+    Case("efs-policy-unknown", "prod", edit("shared-policy", policy=f.UNKNOWN)),
+    # --- launch rights -------------------------------------------------------------------------------------
+    Case("launch-without-template-condition", "prod", launch_condition(0, "ArnEquals", None),
+         ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("launch-any-template", "prod", launch_condition(0, "ArnEquals", None, ArnLike={
+        "ec2:LaunchTemplate": "arn:aws:ec2:*:123456789012:launch-template/*"}),
+         ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("launch-template-if-exists", "prod", launch_condition(0, "ArnEquals", None, ArnEqualsIfExists={
+        "ec2:LaunchTemplate": f.TEMPLATE_ARN}), ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("launch-template-arn-like-exact", "prod", launch_condition(0, "ArnEquals", None, ArnLike={
+        "ec2:LaunchTemplate": [f.TEMPLATE_ARN]})),
+    Case("launch-without-stack-tag", "prod", launch_condition(0, "StringEquals", None),
+         ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("launch-any-stack-tag", "prod", launch_condition(0, "StringEquals", None, StringLike={
+        "aws:RequestTag/gpufleet-stack": "*"}), ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("launch-on-any-resource", "prod", role_policy([{"Effect": "Allow", "Action": "ec2:RunInstances",
+                                                         "Resource": "*"}]),
+         ("aws-iam-policy-bounded-launch", "aws-iam-policy-no-unconditioned-wildcard-write"), on="node-policy"),
+    Case("launch-action-pattern", "prod", role_policy([{
+        "Effect": "Allow", "Action": "ec2:Create*", "Resource": "arn:aws:ec2:eu-north-1:123456789012:instance/*"}]),
+         ("aws-iam-policy-bounded-launch",), on="node-policy"),
+    Case("launch-in-managed-policy", "prod", add("aws:iam/policy:Policy", "launcher", {"policy": json.dumps({
+        "Statement": [{"Effect": "Allow", "Action": ["ec2:CreateFleet"], "Resource": "arn:aws:ec2:*:*:instance/*",
+                       "Condition": {"ArnEquals": {"ec2:LaunchTemplate": f.TEMPLATE_ARN}}}]}),
+        "tags": f.tags("personal", "prod")}), ("aws-iam-policy-bounded-launch",), on="launcher"),
+    Case("terminate-any-instance", "prod", launch_condition(4, "StringEquals", None),
+         ("aws-iam-policy-bounded-launch",), on="controller-policy"),
+    Case("terminate-aws-resource-tag", "prod", launch_condition(4, "StringEquals", None, StringEquals={
+        "aws:ResourceTag/gpufleet-stack": "prod"})),
+    Case("pass-any-role", "prod", launch_statement(5, Resource="*"), ("aws-iam-policy-bounded-launch",),
+         on="controller-policy"),
+    Case("pass-role-to-any-service", "prod", launch_statement(5, Condition=None), ("aws-iam-policy-bounded-launch",),
+         on="controller-policy"),
     # --- registries -------------------------------------------------------------------------------
     Case("ecr-aes256", "prod", edit("images", encryptionConfigurations=[{"encryptionType": "AES256"}]),
          ("aws-ecr-repository-kms-encrypted",), on="images"),
@@ -396,21 +614,77 @@ CASES = [
          ("azure-storage-account-restricted-network",), on=AZ_SA),
     Case("az-network-private-only", "azure", both(pop(AZ_SA, "networkRuleSet"),
                                                   edit(AZ_SA, publicNetworkAccess="Disabled"))),
-    Case("az-ib-fault-domains", "azure", edit(AZ_VMSS, platformFaultDomainCount=5),
-         ("azure-compute-vmss-infiniband-layout",), on=AZ_VMSS),
-    Case("az-ib-multi-placement", "azure", edit(AZ_VMSS, singlePlacementGroup=False),
-         ("azure-compute-vmss-infiniband-layout",), on=AZ_VMSS),
-    Case("az-ib-flexible", "azure", edit(AZ_VMSS, orchestrationMode="Flexible"),
-         ("azure-compute-vmss-infiniband-layout",), on=AZ_VMSS),
-    Case("az-ib-over-100", "azure", set_path("nodes-autoscale", ("profiles", 0, "capacity", "maximum"), "120"),
-         ("azure-compute-vmss-infiniband-layout", "azure-compute-vmss-gpu-quota",
-          "azure-compute-vmss-monthly-ceiling"), on=AZ_VMSS),
-    Case("az-password-login", "azure", set_path(AZ_VMSS, ("virtualMachineProfile", "osProfile"), {
+    Case("az-file-storage-shared-key", "azure", edit(AZ_FILES, allowSharedKeyAccess=True),
+         ("azure-storage-account-no-shared-key",), on=AZ_FILES),
+    # where a partition's VMs go
+    Case("az-queue-uniform-scale-set", "azure", edit(AZ_VMSS, orchestrationMode="Uniform"),
+         ("azure-slurm-partition-placement",), on="gpu"),
+    Case("az-queue-fault-domains", "azure", edit(AZ_VMSS, platformFaultDomainCount=5),
+         ("azure-slurm-partition-placement",), on="gpu"),
+    Case("az-queue-no-scale-set", "azure", drop(AZ_VMSS), ("azure-slurm-partition-placement",), on="gpu"),
+    Case("az-queue-in-availability-set", "azure", both(drop(AZ_VMSS), child(
+        "gpu", "azure-native:compute:AvailabilitySet", "gpu-avset", {
+            "platformFaultDomainCount": 1, "sku": {"name": "Aligned"}, "tags": f.tags("personal", "azure")})),
+         ("azure-slurm-partition-placement",), on="gpu"),
+    Case("az-gang-availability-set", "azure", nothing, build=AZ_GANG),
+    Case("az-gang-in-scale-set", "azure", both(drop("big-avset"), child(
+        "big", "azure-native:compute:VirtualMachineScaleSet", "big-vmss", {
+            "orchestrationMode": "Flexible", "platformFaultDomainCount": 1, "tags": f.tags("personal", "azure")})),
+         ("azure-slurm-partition-placement",), on="big", build=AZ_GANG),
+    Case("az-gang-two-availability-sets", "azure", child("big", "azure-native:compute:AvailabilitySet", "big-avset-2", {
+        "platformFaultDomainCount": 1, "sku": {"name": "Aligned"}, "tags": f.tags("personal", "azure")}),
+         ("azure-slurm-partition-placement",), on="big", build=AZ_GANG),
+    Case("az-gang-fault-domains", "azure", edit("big-avset", platformFaultDomainCount=2),
+         ("azure-slurm-partition-placement",), on="big", build=AZ_GANG),
+    Case("az-gang-classic-avset", "azure", edit("big-avset", sku={"name": "Classic"}),
+         ("azure-slurm-partition-placement",), on="big", build=AZ_GANG),
+    Case("az-gang-spot", "azure", edit("big", spot=True), ("azure-slurm-partition-placement",), on="big",
+         build=AZ_GANG),
+    Case("az-gang-over-200", "azure", edit("big", maxNodes=201),
+         ("azure-slurm-partition-placement", "azure-slurm-partition-gpu-quota", "azure-slurm-partition-monthly-ceiling"),
+         on="big", build=AZ_GANG),
+    Case("az-one-node-gang-scale-set", "azure", edit("gpu", gang=True, maxNodes=1, placement="scale_set")),
+    Case("az-partition-unknown", "azure", edit("gpu", gang=f.UNKNOWN, maxNodes=f.UNKNOWN)),
+    # VMs: the controller, any other VM, scale set VM profiles
+    Case("az-vm-password-login", "azure", add_vm("debug-vm", osProfile={
         "adminUsername": "azureuser", "adminPassword": "[secret]",
         "linuxConfiguration": {"disablePasswordAuthentication": False}}),
-        ("azure-compute-vmss-ssh-keys-only",), on=AZ_VMSS),
-    Case("az-no-host-encryption", "azure", set_path(AZ_VMSS, ("virtualMachineProfile", "securityProfile"), {}),
-         ("azure-compute-vmss-encryption-at-host",), on=AZ_VMSS),
+        ("azure-compute-vm-ssh-keys-only",), on="debug-vm"),
+    Case("az-vm-no-host-encryption", "azure", add_vm("debug-vm", securityProfile={}),
+         ("azure-compute-vm-encryption-at-host",), on="debug-vm"),
+    Case("az-vm-compliant", "azure", add_vm("debug-vm")),
+    Case("az-vmss-profile-password", "azure", set_path(AZ_VMSS, ("virtualMachineProfile",), {
+        "osProfile": {"adminUsername": "azureuser", "adminPassword": "[secret]",
+                      "linuxConfiguration": {"disablePasswordAuthentication": False}},
+        "securityProfile": {"encryptionAtHost": True}}), ("azure-compute-vm-ssh-keys-only",), on=AZ_VMSS),
+    Case("az-vmss-profile-no-host-encryption", "azure", set_path(AZ_VMSS, ("virtualMachineProfile",), {
+        "osProfile": f.linux_os_profile("gpu")}), ("azure-compute-vm-encryption-at-host",), on=AZ_VMSS),
+    Case("az-controller-password", "azure", set_path(AZ_VM, ("osProfile", "adminPassword"), "[secret]"),
+         ("azure-slurm-controller-hardened", "azure-compute-vm-ssh-keys-only"), on=AZ_VM),
+    Case("az-controller-no-host-encryption", "azure", edit(AZ_VM, securityProfile={"encryptionAtHost": False}),
+         ("azure-slurm-controller-hardened", "azure-compute-vm-encryption-at-host"), on=AZ_VM),
+    Case("az-controller-nic-public-ip", "azure", both(
+        add("azure-native:network:PublicIPAddress", "controller-pip", {
+            "sku": {"name": "Standard"}, "publicIPAllocationMethod": "Static", "tags": f.tags("personal", "azure")}),
+        set_path("controller-nic", ("ipConfigurations", 0, "publicIPAddress"), {"id": f"{f.SUBSCRIPTION}/pip"}),
+        depend("controller-nic", "ipConfigurations", "controller-subnet", "controller-pip")),
+         ("azure-slurm-controller-hardened", "azure-network-publicip-nat-only"), on=AZ_VM),
+    Case("az-controller-inline-public-ip", "azure", edit(AZ_VM, networkProfile={"networkInterfaceConfigurations": [
+        {"name": "primary", "primary": True, "ipConfigurations": [
+            {"name": "ipconfig1", "publicIPAddressConfiguration": {"name": "pip", "sku": {"name": "Standard"}}}]}]}),
+         ("azure-slurm-controller-hardened", "azure-network-publicip-nat-only"), on=AZ_VM),
+    Case("az-controller-unknown", "azure", edit(AZ_VM, securityProfile=f.UNKNOWN, osProfile=f.UNKNOWN)),
+    # public IPs: a NAT gateway's outbound address only
+    Case("az-public-ip-unused", "azure", add("azure-native:network:PublicIPAddress", "spare", {
+        "sku": {"name": "Standard"}, "publicIPAllocationMethod": "Static", "tags": f.tags("personal", "azure")}),
+         ("azure-network-publicip-nat-only",), on="spare"),
+    Case("az-nat-ip-also-on-nic", "azure", both(
+        set_path("controller-nic", ("ipConfigurations", 0, "publicIPAddress"), {"id": f"{f.SUBSCRIPTION}/egress"}),
+        depend("controller-nic", "ipConfigurations", "controller-subnet", "controller-egress")),
+         ("azure-network-publicip-nat-only", "azure-slurm-controller-hardened"), on="controller-egress"),
+    Case("az-nic-foreign-public-ip", "azure", add("azure-native:network:NetworkInterface", "debug-nic", {
+        "ipConfigurations": [{"name": "ipconfig1", "publicIPAddress": {"id": f"{f.SUBSCRIPTION}/imported-pip"}}],
+        "tags": f.tags("personal", "azure")}), ("azure-network-publicip-nat-only",), on="debug-nic"),
     Case("az-nsg-internet-ssh", "azure", set_path("nodes-nsg", ("securityRules", 1), {
         "name": "ssh", "direction": "Inbound", "access": "Allow", "priority": 200, "protocol": "Tcp",
         "sourceAddressPrefix": "Internet", "destinationPortRange": "22"}),
@@ -419,12 +693,19 @@ CASES = [
         "networkSecurityGroupName": "nsg", "direction": "Inbound", "access": "Allow", "priority": 300,
         "protocol": "Tcp", "sourceAddressPrefixes": ["10.0.0.0/8", "*"], "destinationPortRange": "8888"}),
         ("azure-network-nsg-no-internet-inbound",), on="jupyter"),
-    Case("az-queue-floor", "azure", set_path("nodes-autoscale", ("profiles", 0, "capacity", "minimum"), "1"),
-         ("azure-compute-vmss-queue-scale-to-zero",), on=AZ_VMSS, level="advisory"),
-    Case("az-gpu-quota", "azure", set_path("nodes-autoscale", ("profiles", 0, "capacity", "maximum"), "10"),
-         ("azure-compute-vmss-gpu-quota",), on=AZ_VMSS),
-    Case("az-monthly-ceiling", "azure", nothing, ("azure-compute-vmss-monthly-ceiling",), on=AZ_VMSS, level="advisory",
-         policy_config={"azure-compute-vmss-monthly-ceiling": {"monthlyCeilingUsd": 10000}}),
+    # partitions: scale to zero, GPU quota, monthly ceiling
+    Case("az-queue-always-on", "azure", edit("gpu", alwaysOn=1), ("azure-slurm-partition-queue-scale-to-zero",),
+         on="gpu", level="advisory"),
+    Case("az-gang-always-on", "azure", edit("big", alwaysOn=2), build=AZ_GANG),
+    Case("az-gpu-quota", "azure", edit("gpu", maxNodes=10), ("azure-slurm-partition-gpu-quota",), on="gpu"),
+    Case("az-gpu-quota-sums-partitions", "azure", edit("big", maxNodes=5), ("azure-slurm-partition-gpu-quota",
+                                                                             "azure-slurm-partition-monthly-ceiling"),
+         on="gpu", build=AZ_GANG),
+    Case("az-monthly-ceiling", "azure", nothing, ("azure-slurm-partition-monthly-ceiling",), on="gpu",
+         level="advisory", policy_config={"azure-slurm-partition-monthly-ceiling": {"monthlyCeilingUsd": 10000}}),
+    Case("az-monthly-ceiling-all-spot", "azure", edit("gpu", maxNodes=8)),
+    Case("az-monthly-ceiling-on-demand-base", "azure", edit("gpu", maxNodes=8, onDemandBase=4),
+         ("azure-slurm-partition-monthly-ceiling",), on="gpu", level="advisory"),
     # --- compliance -------------------------------------------------------------------------------
     Case("gdpr-resource-region", "prod", edit("jobs", region="us-east-1"), ("aws-any-resource-gdpr-region",),
          on="jobs"),
@@ -434,25 +715,50 @@ CASES = [
          policy_config={"aws-any-resource-gdpr-region": {"allowedRegions": ["eu-north-1", "us-east-1"]}}),
     Case("gdpr-azure-location", "azure", edit(AZ_SA, location="East US"), ("azure-any-resource-gdpr-region",),
          on=AZ_SA),
-    Case("hipaa-type", "phi", nothing, ("aws-ec2-instancetype-hipaa-eligible",), on="nodes",
+    Case("hipaa-type", "phi", nothing, ("aws-ec2-instancetype-hipaa-eligible",), on="gpu",
          build=lambda: f.aws_gang("phi", "phi", instance_type="g6e.48xlarge", efa_cards=4)),
+    Case("hipaa-controller-type", "phi", nothing, ("aws-ec2-instancetype-hipaa-eligible",), on=CTL,
+         policy_config={"aws-ec2-instancetype-hipaa-eligible": {"eligibleControllerTypes": ["m6i.xlarge"]}}),
+    Case("hipaa-controller-type-not-needed-personal", "prod", nothing,
+         policy_config={"aws-ec2-instancetype-hipaa-eligible": {"eligibleControllerTypes": []}}),
+    Case("hipaa-instance-not-a-controller", "phi", add("aws:ec2/instance:Instance", "bastion", {
+        "instanceType": "m6i.large", "ami": "ami-0a1b2c3d4e5f60718", "subnetId": "subnet-1",
+        "metadataOptions": {"httpTokens": "required"}, "rootBlockDevice": {"encrypted": True, "kmsKeyId": f.KEY_ARN},
+        "tags": f.tags("phi", "phi")}), ("aws-ec2-instancetype-hipaa-eligible",), on="bastion"),
     Case("hipaa-type-approved", "phi", nothing, build=lambda: f.aws_gang("phi", "phi", instance_type="g6e.48xlarge",
                                                                           efa_cards=4),
          policy_config={"aws-ec2-instancetype-hipaa-eligible": {"eligibleTypes": ["g6e.48xlarge"]}}),
-    Case("hipaa-vm-size", "azure-phi", nothing,
-         ("azure-compute-vmsize-hipaa-eligible",), on=AZ_VMSS,
+    Case("hipaa-vm-size", "azure-phi", nothing, ("azure-compute-vmsize-hipaa-eligible",), on="gpu",
          policy_config={"azure-compute-vmsize-hipaa-eligible": {"eligibleTypes": ["Standard_ND96isr_H100_v5"]}}),
+    Case("hipaa-azure-controller-size", "azure-phi", nothing, ("azure-compute-vmsize-hipaa-eligible",), on=AZ_VM,
+         policy_config={"azure-compute-vmsize-hipaa-eligible": {"eligibleControllerTypes": ["Standard_D8s_v5"]}}),
+    Case("hipaa-azure-vm-not-a-controller", "azure-phi", add("azure-native:compute:VirtualMachine", "debug-vm", {
+        **f.azure_vm(), "tags": f.tags("phi", "azure-phi")}), ("azure-compute-vmsize-hipaa-eligible",),
+         on="debug-vm"),
+    Case("hipaa-azure-gang-size", "azure-phi", edit("big", vmSize="Standard_NC24ads_A100_v4",
+                                                     instanceTypes=["Standard_NC24ads_A100_v4"]),
+         ("azure-compute-vmsize-hipaa-eligible",), on="big", build=lambda: f.azure_queue("azure-phi", "phi", 2)),
+    Case("hipaa-azure-not-needed-personal", "azure", nothing,
+         policy_config={"azure-compute-vmsize-hipaa-eligible": {"eligibleTypes": [], "eligibleControllerTypes": []}}),
     Case("cmk-aws-managed-sqs", "phi", edit("jobs", kmsMasterKeyId="alias/aws/sqs"), ("aws-kms-phi-cmk-encryption",),
          on="jobs"),
     Case("cmk-ebs-default-key", "phi", set_path("node", ("blockDeviceMappings", 0, "ebs", "kmsKeyId"), None),
          ("aws-kms-phi-cmk-encryption",), on="node"),
     Case("cmk-not-needed-personal", "prod", edit("jobs", kmsMasterKeyId="alias/aws/sqs")),
     Case("cmk-azure-storage", "azure-phi", pop(AZ_SA, "encryption"), ("azure-storage-account-phi-cmk",), on=AZ_SA),
+    Case("cmk-azure-file-storage", "azure-phi", edit(AZ_FILES, encryption={"keySource": "Microsoft.Storage"}),
+         ("azure-storage-account-phi-cmk",), on=AZ_FILES),
+    Case("cmk-azure-not-needed-personal", "azure", edit(AZ_FILES, encryption={"keySource": "Microsoft.Storage"})),
     Case("cost-tags-missing", "prod", set_path("jobs", ("tags",), {"team": "ml-platform"}),
          ("aws-any-resource-cost-tags",), on="jobs", level="advisory"),
     Case("cost-tags-from-provider", "dev", tag_free_with_default_tags),
     Case("cost-tags-azure", "azure", no_tags("nodes-nsg"), ("azure-any-resource-cost-tags",), on="nodes-nsg",
          level="advisory"),
+    Case("cost-tags-azure-vm", "azure", no_tags(AZ_VM), ("azure-any-resource-cost-tags",), on=AZ_VM,
+         level="advisory"),
+    Case("cost-tags-azure-avset", "azure", no_tags("big-avset"), ("azure-any-resource-cost-tags",), on="big-avset",
+         level="advisory", build=AZ_GANG),
+    Case("cost-tags-azure-file-share-untaggable", "azure", nothing),
     # --- Tencent ------------------------------------------------------------------------------------------
     Case("tc-public-read", "tencent", edit("data", acl="public-read"), ("tencent-cos-bucket-private",), on="data"),
     Case("tc-acl-body-all-users", "tencent", edit("data", aclBody="<Grant><URI>http://cam.qcloud.com/groups/global/"
@@ -471,9 +777,20 @@ CASES = [
         json.loads(f.tencent_tls_policy("gpufleet-tencent-data-1250000000"))["statement"][1]]})),
          ("tencent-cos-bucket-tls-only",), on="data"),
     Case("tc-no-access-logs", "tencent", pop("data", "logEnable"), ("tencent-cos-bucket-access-logging",), on="data"),
-    Case("tc-public-ip", "tencent", edit("node", publicIpAssigned=True), ("tencent-cvm-node-no-public-ip",), on="node"),
-    Case("tc-internet-bandwidth", "tencent", edit("node", internetMaxBandwidthOut=10),
+    Case("tc-public-ip", "tencent", set_path("node", ("internetAccessible", "publicIpAssigned"), True),
          ("tencent-cvm-node-no-public-ip",), on="node"),
+    Case("tc-internet-bandwidth", "tencent", set_path("node", ("internetAccessible", "internetMaxBandwidthOut"), 10),
+         ("tencent-cvm-node-no-public-ip",), on="node"),
+    Case("tc-controller-public-ip", "tencent", edit(TC_CTL, allocatePublicIp=True), ("tencent-cvm-node-no-public-ip",),
+         on=TC_CTL),
+    Case("tc-controller-bandwidth", "tencent", edit(TC_CTL, internetMaxBandwidthOut=5),
+         ("tencent-cvm-node-no-public-ip",), on=TC_CTL),
+    Case("tc-internet-unknown", "tencent", edit("node", internetAccessible=f.UNKNOWN)),
+    Case("tc-template-password", "tencent", set_path("node", ("loginSettings", "password"), "[secret]"),
+         ("tencent-cvm-node-no-password-login",), on="node"),
+    Case("tc-controller-password", "tencent", edit(TC_CTL, password="[secret]"),
+         ("tencent-cvm-node-no-password-login",), on=TC_CTL),
+    Case("tc-template-ssh-keys", "tencent", edit("node", loginSettings={"keyIds": ["skey-3glfot13"]})),
     Case("tc-world-ssh", "tencent", set_path("nodes-rules", ("ingresses", 0),
                                              {"action": "ACCEPT", "protocol": "TCP", "port": "22",
                                               "cidrBlock": "0.0.0.0/0"}),
@@ -492,25 +809,95 @@ CASES = [
         "version": "2.0", "statement": [{"effect": "allow", "action": ["name/cvm:DescribeInstances"],
                                          "resource": ["*"]}]})),
          policy_config={"tencent-cam-policy-no-wildcards": {"operationLevelActions": ["name/cvm:DescribeInstances"]}}),
+    # the controller's launch rights
+    Case("tc-run-without-request-tag", "tencent", cam_statement(0, condition=None),
+         ("tencent-cam-policy-bounded-launch",), on="controller-policy"),
+    Case("tc-run-any-stack-tag", "tencent", cam_statement(0, condition={"for_any_value:string_like": {
+        "qcs:request_tag": ["gpufleet-stack&*"]}}), ("tencent-cam-policy-bounded-launch",), on="controller-policy"),
+    Case("tc-run-other-tag", "tencent", cam_statement(0, condition={"for_any_value:string_equal": {
+        "qcs:request_tag": ["team&ml-platform"]}}), ("tencent-cam-policy-bounded-launch",), on="controller-policy"),
+    Case("tc-run-string-equal", "tencent", cam_statement(0, condition={"string_equal": {
+        "qcs:request_tag": "gpufleet-stack&tencent"}})),
+    Case("tc-terminate-any-instance", "tencent", cam_statement(2, condition=None),
+         ("tencent-cam-policy-bounded-launch",), on="controller-policy"),
+    Case("tc-terminate-on-request-tag", "tencent", cam_statement(2, condition={"for_any_value:string_equal": {
+        "qcs:request_tag": ["gpufleet-stack&tencent"]}}), ("tencent-cam-policy-bounded-launch",),
+         on="controller-policy"),
+    Case("tc-pass-any-role", "tencent", cam_statement(1, resource=["*"]),
+         ("tencent-cam-policy-bounded-launch", "tencent-cam-policy-no-wildcards"), on="controller-policy"),
+    Case("tc-pass-role-pattern", "tencent", cam_statement(1, resource=["qcs::cam::uin/100000000001:roleName/*"]),
+         ("tencent-cam-policy-bounded-launch",), on="controller-policy"),
+    Case("tc-cvm-action-pattern", "tencent", edit("node-policy", document=json.dumps({"version": "2.0", "statement": [
+        {"effect": "allow", "action": ["name/cvm:*Instances"],
+         "resource": ["qcs::cvm:ap-shanghai:uin/100000000001:instance/*"]}]})),
+         ("tencent-cam-policy-bounded-launch",), on="node-policy"),
+    Case("tc-cam-document-unknown", "tencent", edit("controller-policy", document=f.UNKNOWN)),
+    # disks
     Case("tc-data-disk", "tencent", edit("node", dataDisks=[{"diskType": "CLOUD_SSD", "diskSize": 500}]),
          ("tencent-cvm-disk-encrypted",), on="node"),
+    Case("tc-data-disk-encrypted", "tencent", edit("node", dataDisks=[{"diskType": "CLOUD_SSD", "diskSize": 500,
+                                                                       "encrypt": True, "kmsKeyId": "key-1"}])),
+    Case("tc-controller-data-disk", "tencent", edit(TC_CTL, dataDisks=[{"dataDiskType": "CLOUD_SSD",
+                                                                        "dataDiskSize": 100}]),
+         ("tencent-cvm-disk-encrypted",), on=TC_CTL),
+    Case("tc-system-disk-not-judged", "tencent", nothing),
     Case("tc-cbs-plain", "tencent", add("tencentcloud:Cbs/storage:Storage", "scratch", {
         "storageType": "CLOUD_SSD", "storageSize": 500, "availabilityZone": "ap-shanghai-2",
         "tags": f.tags("personal", "tencent")}), ("tencent-cvm-disk-encrypted",), on="scratch"),
     Case("tc-key-not-rotated", "tencent", edit("key", keyRotationEnabled=False), ("tencent-kms-key-rotation",),
          on="key"),
     Case("tc-personal-abroad", "tencent", tencent_abroad, ("tencent-any-resource-pipl-region",), on="replica"),
-    Case("tc-spot-no-terminate-hook", "tencent", drop("checkpoint"), ("tencent-as-group-spot-terminate-hook",),
-         on="nodes"),
-    Case("tc-on-demand-no-hook", "tencent", both(drop("checkpoint"), edit("node", instanceChargeType="POSTPAID_BY_HOUR"),
-                                                 edit("nodes", maxSize=2))),
-    Case("tc-queue-floor", "tencent", edit("nodes", minSize=1), ("tencent-as-group-queue-scale-to-zero",), on="nodes",
-         level="advisory"),
-    Case("tc-gpu-quota", "tencent", edit("nodes", maxSize=10),
-         ("tencent-as-group-gpu-quota", "tencent-as-group-monthly-ceiling"), on="nodes"),
-    Case("tc-monthly-ceiling", "tencent", nothing, ("tencent-as-group-monthly-ceiling",), on="nodes", level="advisory",
-         policy_config={"tencent-as-group-monthly-ceiling": {"monthlyCeilingCny": 10000}}),
+    # CFS
+    Case("tc-cfs-default-group", "tencent", both(edit("home", accessGroupId="pgroupbasic"),
+                                                 depend("home", "accessGroupId")),
+         ("tencent-cfs-filesystem-private-access",), on="home"),
+    Case("tc-cfs-foreign-group", "tencent", both(edit("home", accessGroupId="pgroup-imported"),
+                                                 depend("home", "accessGroupId")),
+         ("tencent-cfs-filesystem-private-access",), on="home"),
+    Case("tc-cfs-world-rule", "tencent", edit("home-rule-1", authClientIp="0.0.0.0/0"),
+         ("tencent-cfs-filesystem-private-access",), on="home-rule-1"),
+    Case("tc-cfs-star-rule", "tencent", edit("home-rule-1", authClientIp="*"),
+         ("tencent-cfs-filesystem-private-access",), on="home-rule-1"),
+    Case("tc-cfs-root-for-range", "tencent", edit("home-rule-1", userPermission="no_root_squash"),
+         ("tencent-cfs-filesystem-private-access",), on="home-rule-1"),
+    Case("tc-cfs-root-for-one-address", "tencent", edit("home-rule-0", authClientIp="10.72.240.10/32")),
+    Case("tc-cfs-root-squash-default", "tencent", pop("home-rule-1", "userPermission")),
+    Case("tc-cfs-foreign-rule", "tencent", add("tencentcloud:Cfs/accessRule:AccessRule", "imported-rule", {
+        "accessGroupId": "pgroup-imported", "authClientIp": "*", "priority": 1, "rwPermission": "RW"}),
+         ("tencent-cfs-filesystem-private-access",), on="imported-rule"),
+    Case("tc-cfs-group-unknown", "tencent", edit("home", accessGroupId=f.UNKNOWN)),
+    # SSM: the munge key
+    Case("tc-secret-default-key", "tencent", pop("munge", "kmsKeyId"), ("tencent-ssm-secret-kms-no-value",),
+         on="munge"),
+    Case("tc-secret-key-unknown", "tencent", edit("munge", kmsKeyId=f.UNKNOWN)),
+    Case("tc-secret-value", "tencent", edit("munge-init", secretString="0123456789abcdef"),
+         ("tencent-ssm-secret-kms-no-value",), on="munge-init"),
+    Case("tc-secret-binary", "tencent", both(pop("munge-init", "secretString"),
+                                             edit("munge-init", secretBinary="c2VjcmV0")),
+         ("tencent-ssm-secret-kms-no-value",), on="munge-init"),
+    Case("tc-secret-value-unknown", "tencent", edit("munge-init", secretString=f.UNKNOWN)),
+    # partitions
+    Case("tc-queue-always-on", "tencent", edit("gpu", alwaysOn=1), ("tencent-slurm-partition-queue-scale-to-zero",),
+         on="gpu", level="advisory"),
+    Case("tc-gang-always-on", "tencent", edit("gpu", gang=True, alwaysOn=2, spot=False, maxNodes=2)),
+    Case("tc-gpu-quota", "tencent", edit("gpu", maxNodes=10),
+         ("tencent-slurm-partition-gpu-quota", "tencent-slurm-partition-monthly-ceiling"), on="gpu"),
+    Case("tc-gpu-quota-sums-partitions", "tencent", tc_second_partition(maxNodes=9, instanceTypes=["GN7.20XLARGE320"],
+                                                                         gpusPerNode=4),
+         ("tencent-slurm-partition-gpu-quota",), on="gpu"),
+    Case("tc-gpu-quota-two-partitions-within", "tencent", tc_second_partition(maxNodes=4, instanceTypes=[
+        "GN7.20XLARGE320"], gpusPerNode=4)),
+    Case("tc-monthly-ceiling", "tencent", nothing, ("tencent-slurm-partition-monthly-ceiling",), on="gpu",
+         level="advisory", policy_config={"tencent-slurm-partition-monthly-ceiling": {"monthlyCeilingCny": 10000}}),
+    Case("tc-monthly-ceiling-on-demand-base", "tencent", edit("gpu", onDemandBase=4),
+         ("tencent-slurm-partition-monthly-ceiling",), on="gpu", level="advisory"),
+    Case("tc-monthly-ceiling-on-demand", "tencent", edit("gpu", spot=False),
+         ("tencent-slurm-partition-monthly-ceiling",), on="gpu", level="advisory"),
     Case("tc-cost-tags", "tencent", no_tags("nodes-sg"), ("tencent-any-resource-cost-tags",), on="nodes-sg",
+         level="advisory"),
+    Case("tc-cost-tags-launch-template", "tencent", no_tags("node"), ("tencent-any-resource-cost-tags",), on="node",
+         level="advisory"),
+    Case("tc-cost-tags-file-system", "tencent", no_tags("home"), ("tencent-any-resource-cost-tags",), on="home",
          level="advisory"),
 ]
 

@@ -5,7 +5,7 @@ The base image is a root filesystem made here and `docker import`ed: /bin/sh and
 the host's Python, torch and the other compiled packages link against, nothing else. Python itself is not
 copied in (a full torch under the vfs driver is gigabytes per container): the tests' containers get the host's
 Python prefix and virtualenv bind-mounted read-only at the same paths (:func:`host_python_flags`, extra
-`docker run` flags the agent takes for tests; the production argv has none). The image is then built from
+`docker run` flags the per-node task takes for tests; the production argv has none). The image is then built from
 examples/Dockerfile on that base, so the tests run the Dockerfile and the script users get.
 """
 from __future__ import annotations

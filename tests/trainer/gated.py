@@ -16,7 +16,6 @@ from trainer.loop.model import build_gpt
 from trainer.loop.storage import open_store
 
 GATE = "GPUFLEET_TEST_GATE"  # "<file>:<forward call>" (test-only)
-DIE = "GPUFLEET_TEST_DIE"    # "<rank>:<forward call>:<exit status>": that rank exits there (test-only)
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ["--model", "tests.trainer.gated:factory", "--dataset", "synthetic", "--batch-size", "4",
          "--num-workers", "0", "--checkpoint-every", "0", "--lr", "1e-3", "--warmup-steps", "2"]
@@ -25,16 +24,13 @@ TRAIN = ["--model", "tests.trainer.gated:factory", "--dataset", "synthetic", "--
 def factory():
     model = build_gpt("gpt-tiny")
     gate = os.environ.get(GATE)
-    die = os.environ.get(DIE, "").split(":")
-    if not gate and len(die) != 3:
+    if not gate:
         return model
-    path, at = gate.rsplit(":", 1) if gate else ("", "0")
+    path, at = gate.rsplit(":", 1)
     inner, calls = model.forward, [0]
 
     def forward(*batch):
         calls[0] += 1
-        if len(die) == 3 and die[0] == os.environ.get("RANK", "0") and calls[0] == int(die[1]):
-            os._exit(int(die[2]))
         if calls[0] == int(at):
             deadline = time.monotonic() + 120
             while not os.path.exists(path) and time.monotonic() < deadline:

@@ -150,18 +150,3 @@ def test_code_bundles_go_to_the_checkpoints_container_once(env, tmp_path):
     assert bundle.upload(bundle.pack(work), "az://checkpoints") == (uri, False)
     unpacked = bundle.unpack(bundle.fetch(uri, tmp_path / "cache"), tmp_path / "code")
     assert (unpacked / "train.py").read_text() == (work / "train.py").read_text()
-
-
-def test_create_refuses_an_existing_blob_so_the_lease_has_one_holder_per_generation(env):
-    from trainer.loop.lease import Lease
-
-    store = open_store(f"az://checkpoints/{_job()}")
-    store.create("k", b"one")
-    with pytest.raises(FileExistsError):
-        store.create("k", b"two")
-    assert store.read_bytes("k") == b"one"
-    first, second = Lease(store), Lease(store)
-    assert (first.acquire(), second.acquire()) == (1, 2)
-    second.check()
-    with pytest.raises(Exception, match="taken over by another runner"):
-        first.check()

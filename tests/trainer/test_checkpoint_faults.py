@@ -1,6 +1,5 @@
 """Checkpoints under faults: malformed manifests, short and failed reads through a fault proxy over moto server,
-every checkpoint corrupt, leftovers of killed writers, a full disk (a small tmpfs), and a superseded writer
-fenced by the lease."""
+every checkpoint corrupt, leftovers of killed writers, and a full disk (a small tmpfs)."""
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +19,6 @@ from tests.trainer.fault_proxy import Fault as ProxyFault, FaultProxy
 from tests.trainer.trainer_hooks import one_torch_thread  # noqa: F401 (autouse fixture)
 from trainer.errors import Fault
 from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
-from trainer.loop.lease import Fenced, Lease
 from trainer.loop.storage import LocalStore, open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,31 +189,6 @@ def test_orphan_s3_parts_of_a_killed_prune_are_cleaned_on_the_next_start(bucket)
     store.write_bytes("step-000000001/a.pt", b"a prune killed after the manifest went")
     assert Checkpointer(store, keep=1).clean_leftovers() == ["step-000000001/a.pt"]
     assert store.list() == ["step-000000002.json", "step-000000002/a.pt"]
-
-
-def test_a_superseded_writer_is_fenced_and_cannot_commit(bucket):
-    store = open_store("s3://fleet/job/")
-    first, second = Checkpointer(store, keep=3), Checkpointer(open_store("s3://fleet/job/"), keep=3)
-    lease_a, lease_b = Lease(first.store), Lease(second.store)
-    first.fence, second.fence = lease_a.check, lease_b.check
-    assert lease_a.acquire() == 1
-    first.save(1, {"a.pt": b"a1"})
-    assert lease_b.acquire() == 2  # the job went to another runner
-    with pytest.raises(Fenced, match="taken over by another runner"):
-        first.save(2, {"a.pt": b"a2"})
-    assert not store.list("step-000000002")
-    second.save(2, {"a.pt": b"b2"})
-    assert Checkpointer(store, keep=3).load_latest() == (2, {"a.pt": b"b2"})
-    assert [k for k in store.list("lease/")] == ["lease/000000002"]
-
-
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_create_refuses_an_existing_key(tmp_path, bucket, where):
-    store = LocalStore(tmp_path) if where == "local" else open_store("s3://fleet/c/")
-    store.create("k", b"one")
-    with pytest.raises(FileExistsError):
-        store.create("k", b"two")
-    assert store.read_bytes("k") == b"one"
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from tests.conftest import free_port
-from infra.demo.imds import FakeImds
 from trainer.__main__ import main
 from trainer.errors import UsageError
 from trainer.loop.shards import write_shards
@@ -74,8 +73,6 @@ def test_no_aws_credentials_is_one_line_exit_2_in_every_command(sqs_queue, text_
     boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     commands = {
         "submit": ["submit", "--queue-url", sqs_queue, "--", "--steps", "2"],
-        "agent": ["agent", "--queue-url", sqs_queue, "--bucket", "ckpt", "--node-json", str(tmp_path / "none"),
-                  "--wait", "1", "--work-dir", str(tmp_path)],
         "train": ["train", *TINY, "--steps", "2", "--checkpoint-uri", "s3://ckpt/run",
                   "--metrics-file", str(tmp_path / "m.jsonl")],
         "shards": ["shards", str(text_dir), "--out", "s3://ckpt/shards", "--record-bytes", "33"],
@@ -128,33 +125,18 @@ def test_a_refused_azure_endpoint_is_a_fault_in_one_line():
 
 @pytest.mark.parametrize("content, message", [
     ([1, 2], "expected a JSON object, got a list"),
-    ({"node_count": "two"}, "node.node_count: 'two' is not allowed; expected an integer >= 1"),
+    ({"asg_name": ""}, "node.asg_name: expected a non-empty string"),
     ({"cloud": "gcp"}, "node.cloud: 'gcp' is not one of aws, azure"),
     ("dir", "cannot read it (Is a directory)"),
 ])
-def test_a_bad_node_json_is_one_line_in_preflight_agent_and_rendezvous(content, message, tmp_path):
+def test_a_bad_node_json_is_one_line_in_preflight(content, message, tmp_path):
     path = tmp_path / "node.json"
     if content == "dir":
         path.mkdir()
     else:
         path.write_text(json.dumps(content))
-    for argv in (["preflight", "--node-json", str(path), "--instance-type", "g5.xlarge"],
-                 ["agent", "--node-json", str(path)],
-                 ["rendezvous", "--job-id", "j", "--node-json", str(path)]):
-        line = told(run(argv), 2)
-        assert line.startswith(f"error: --node-json: {path}") and message in line, (argv[0], line)
-
-
-def test_rendezvous_errors_are_one_line(tmp_path):
-    path = tmp_path / "node.json"
-    path.write_text(json.dumps({"cloud": "aws", "asg_name": "gang"}))
-    assert "node_count is missing" in told(run(["rendezvous", "--job-id", "j", "--node-json", str(path)]), 2)
-    path.write_text(json.dumps({"cloud": "aws", "asg_name": "gang", "node_count": 2}))
-    assert "--timeout: 0 is not allowed" in told(
-        run(["rendezvous", "--job-id", "j", "--node-json", str(path), "--timeout", "0"]), 2)
-    # Not on an instance (no metadata): the gang cannot form, a runtime fault in one line.
-    assert "gang: this node is not an instance of an autoscaling group" in told(
-        run(["rendezvous", "--job-id", "j", "--node-json", str(path)]), 1)
+    line = told(run(["preflight", "--node-json", str(path), "--instance-type", "g5.xlarge"]), 2)
+    assert line.startswith(f"error: --node-json: {path}") and message in line, line
 
 
 # --- locations --------------------------------------------------------------------------------------
@@ -169,7 +151,7 @@ def test_a_bad_checkpoint_location_is_refused_before_step_1(tmp_path, capsys):
     assert not metrics.exists()
     ok = tmp_path / "ck"
     assert main(["train", *TINY, "--steps", "1", "--checkpoint-uri", str(ok)]) == 0
-    assert sorted(p.name for p in ok.iterdir()) == ["lease", "step-000000001", "step-000000001.json"]  # probe removed
+    assert sorted(p.name for p in ok.iterdir()) == ["step-000000001", "step-000000001.json"]  # probe removed
 
 
 def test_file_uris_take_an_absolute_path_and_no_host(tmp_path, capsys):
@@ -330,24 +312,17 @@ def gone(pids: set[int]) -> bool:
     return False
 
 
-@pytest.mark.parametrize("command", ["submit", "shards", "agent", "train", "rendezvous"])
+@pytest.mark.parametrize("command", ["submit", "shards", "train"])
 def test_ctrl_c_exits_130_without_a_traceback_or_a_child(command, text_dir, tmp_path):
-    with Silent() as server, FakeImds() as imds:
+    with Silent() as server:
         env = {"AWS_ENDPOINT_URL": server.url, "AWS_MAX_ATTEMPTS": "1"}
-        node = tmp_path / "node.json"
-        node.write_text(json.dumps({"cloud": "aws", "asg_name": "gang", "node_count": 2, "region": "eu-west-1"}))
         argv = {
             "submit": ["submit", "--queue-url", f"{server.url}/123456789012/jobs", "--", "--steps", "2"],
             "shards": ["shards", str(text_dir), "--out", "s3://data/shards", "--record-bytes", "33"],
-            "agent": ["agent", "--queue-url", f"{server.url}/123456789012/jobs", "--bucket", "ckpt",
-                      "--node-json", str(tmp_path / "none"), "--wait", "1", "--work-dir", str(tmp_path)],
             # train: the first Ctrl-C asks for a checkpoint at the next step, the second aborts.
             "train": ["train", *TINY, "--steps", "2", "--dataset", "s3://data/shards",
                       "--checkpoint-uri", str(tmp_path / "ck")],
-            "rendezvous": ["rendezvous", "--job-id", "j", "--node-json", str(node)],
         }[command]
-        if command == "rendezvous":
-            env.update(AWS_EC2_METADATA_DISABLED="false", AWS_EC2_METADATA_SERVICE_ENDPOINT=imds.endpoint)
         proc, kids = interrupt(argv, server, env, count=2 if command == "train" else 1)
     assert proc.returncode == 130, proc.stderr
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr

@@ -1,6 +1,5 @@
-"""The job spec (one schema, version-0 messages migrated), code bundles (what is packed, reproducibly, checked
-on fetch), the user API off the cluster, and a bad spec that reaches a node (moto server): one log line, then
-the dead-letter queue."""
+"""The job spec (one schema, version-0 messages migrated, the retry decision), code bundles (what is packed,
+reproducibly, checked on fetch) and the user API off the cluster."""
 from __future__ import annotations
 
 import gzip
@@ -9,17 +8,13 @@ import os
 import subprocess
 import sys
 
-import boto3
 import pytest
 import torch
 
-from tests.trainer.aws import counts
 from tests.trainer.gated import ROOT
 from trainer.errors import UsageError
 from trainer.jobs import api, bundle
-from trainer.jobs.spec import SCHEMA_PATH, Job, migrate, parse_job, schema, validate
-from trainer.node.agent import Agent
-from trainer.clouds.aws import NodePlatform, SqsJobQueue
+from trainer.jobs.spec import SCHEMA_PATH, Job, migrate, parse_job, retry_decision, schema, validate
 
 SHA = "0" * 64
 
@@ -37,7 +32,7 @@ def test_version_0_messages_are_migrated_to_trainer_jobs():
                                                                   "args": ["--steps", "2"]}
     job = parse_job(json.dumps({"job_id": "j", "args": ["--steps", "2"]}))
     assert job == Job("j", "trainer", args=("--steps", "2"))
-    assert validate(job.to_dict()) == job  # what submit sends is what the agent reads
+    assert validate(job.to_dict()) == job  # what submit sends is what the bridge reads
     with pytest.raises(UsageError, match=r"no \"spec\" field, and not a version-0 message"):
         parse_job(json.dumps({"job_id": "j", "image": "x"}))
 
@@ -129,126 +124,22 @@ def test_user_api_off_the_cluster(tmp_path, monkeypatch):
     assert api.stop_requested()
 
 
-def test_a_bad_spec_that_reaches_a_node_is_dead_lettered_with_one_log_line(moto_endpoint, tmp_path, caplog):
-    sqs = boto3.client("sqs")
-    dlq = sqs.create_queue(QueueName="jobs-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName="jobs", Attributes={
-        "VisibilityTimeout": "1", "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "2"})
-    })["QueueUrl"]
-    body = {"spec": 1, "job_id": "bad", "kind": "image", "image": "Not A Ref", "command": ["python"]}
-    sqs.send_message(QueueUrl=url, MessageBody=json.dumps(body))
-    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0)
-    assert a.serve(once=True) == 1
-    (line,) = [r for r in caplog.records if "invalid job" in r.getMessage()]
-    assert line.getMessage().endswith("invalid job, moved to the dead-letter queue: job bad: image: 'Not A Ref' is "
-                                      "not a valid image reference; expected [registry/]name[:tag][@digest]")
-    assert a.serve(once=True) == 0 and counts(sqs, url) == (0, 0)  # moved at once, not redelivered
-    (moved,) = sqs.receive_message(QueueUrl=dlq)["Messages"]
-    assert json.loads(moved["Body"]) == body
+def test_retries_on_error_count_failures_and_timeouts_never_preemptions():
+    assert retry_decision({}, [], 2) == (False, "1 failure(s), retries.on_error is 0")
+    assert retry_decision({"on_error": 1}, [], 2) == (True, "retry 1 of 1 (retries.on_error)")
+    failed = [{"outcome": "failed", "exit_status": 2}]
+    assert retry_decision({"on_error": 1}, failed, 2) == (False, "2 failure(s), retries.on_error is 1")
+    preempted = [{"outcome": "preempted", "exit_status": 75}] * 3
+    assert retry_decision({"on_error": 1}, preempted, 2)[0]  # preemptions never count
+    assert not retry_decision({"on_error": 1}, [{"outcome": "timeout", "exit_status": None}], 1)[0]
 
 
-@pytest.fixture
-def queue_and_bucket(moto_endpoint):
-    sqs = boto3.client("sqs")
-    url = sqs.create_queue(QueueName="jobs", Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
-    boto3.client("s3").create_bucket(Bucket="ckpt", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    return sqs, url
-
-
-def code_job(tmp_path, job_id: str, main: str, **fields) -> str:
-    work = tmp_path / f"src-{job_id}"
-    work.mkdir()
-    (work / "main.py").write_text(main)
-    uri, _ = bundle.upload(bundle.pack(work), "ckpt")
-    return Job(job_id, "code", code=uri, command=("python", "main.py"), **fields).to_json()
-
-
-def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secrets(queue_and_bucket, tmp_path):
-    sqs, url = queue_and_bucket
-    boto3.client("ssm").put_parameter(Name="/gpufleet/dev/hf", Value="s3cr3t", Type="SecureString")
-    dump = tmp_path / "env.json"
-    main = ("import json, os, sys\n"
-            f"json.dump({{'env': dict(os.environ), 'cwd': os.getcwd(), 'python': sys.executable}}, open({str(dump)!r}, 'w'))\n")
-    body = code_job(tmp_path, "env-1", main, env={"MODE": "fast", "HF_TOKEN": {"ssm": "/gpufleet/dev/hf"}})
-    sqs.send_message(QueueUrl=url, MessageBody=body)
-    node = {"region": "eu-west-1", "stack": "dev"}
-    a = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0, platform=NodePlatform(node))
-    assert a.serve(once=True) == 0
-    seen = json.loads(dump.read_text())
-    ours = {k: v for k, v in seen["env"].items() if k.startswith("GPUFLEET_") and "LOOPBACK" not in k}  # not the guard's
-    assert ours == {
-        "GPUFLEET_JOB_ID": "env-1", "GPUFLEET_ATTEMPT": "1", "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/jobs/env-1/",
-        "GPUFLEET_NNODES": "1", "GPUFLEET_NODE_RANK": "0", "GPUFLEET_NPROC_PER_NODE": "1",
-        "GPUFLEET_RDZV_ENDPOINT": "127.0.0.1:29400",
-        "GPUFLEET_STOP_FILE": str(tmp_path / "a" / "jobs" / "env-1" / "control" / "stop")}
-    assert (seen["env"]["MODE"], seen["env"]["HF_TOKEN"]) == ("fast", "s3cr3t")
-    assert seen["cwd"] == str(tmp_path / "a" / "jobs" / "env-1" / "code")
-    assert seen["env"]["PATH"].split(":")[0] == os.path.dirname(sys.executable)  # the node image's Python first
-    assert counts(sqs, url) == (0, 0)
-
-
-def test_a_missing_ssm_parameter_fails_that_job_with_one_line_naming_the_stacks_path(queue_and_bucket, tmp_path,
-                                                                                      caplog):
-    sqs, url = queue_and_bucket
-    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "ssm-1", "print('never')\n",
-                                                        env={"HF_TOKEN": {"ssm": "/gpufleet/dev/nope"}}))
-    node = {"region": "eu-west-1", "stack": "dev"}
-    a = Agent(SqsJobQueue(url), "ckpt", node, tmp_path / "a", wait_s=0, nproc=0, platform=NodePlatform(node))
-    assert a.serve(once=True) == 1
-    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
-    assert line == ("job ssm-1: cannot start: env: ssm:/gpufleet/dev/nope: ParameterNotFound: no such SSM parameter; "
-                    "create it below /gpufleet/dev/ (aws ssm put-parameter --type SecureString)")
-
-
-def test_key_vault_secrets_reach_a_job_and_an_unreadable_one_fails_only_that_job(queue_and_bucket, tmp_path, caplog):
-    """On an Azure node (the fakes of tests/trainer/fake_azure_identity.py), through the agent: a job whose secret
-    is missing fails with one line naming it; the agent goes on and runs the next job with its secret."""
-    from tests.trainer.test_registry import azure_platform
-    from tests.trainer.fake_azure_identity import FakeAzureIdentity
-
-    sqs, url = queue_and_bucket
-    dump = tmp_path / "env.json"
-    main = f"import json, os\njson.dump(dict(os.environ), open({str(dump)!r}, 'w'))\n"
-    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "kv-1", main, env={"HF_TOKEN": {"keyvault": "nope"}}))
-    with FakeAzureIdentity() as fake:
-        fake.secrets["hf-token"] = "hf_abc"
-        a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, platform=azure_platform(fake))
-        assert a.serve(once=True) == 1
-        sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "kv-2", main,
-                                                            env={"HF_TOKEN": {"keyvault": "hf-token"}}))
-        assert a.serve(once=True) == 0
-    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
-    assert line == ("job kv-1: cannot start: env: keyvault:nope: HTTP 404: no secret 'nope' in Key Vault gpufleet-kv; "
-                    "create it there (az keyvault secret set)")
-    assert json.loads(dump.read_text())["HF_TOKEN"] == "hf_abc"
-
-
-def test_a_job_past_its_timeout_is_stopped_and_fails(queue_and_bucket, tmp_path, caplog):
-    sqs, url = queue_and_bucket
-    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "slow", "import time\ntime.sleep(600)\n", timeout=1))
-    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, stop_grace_s=5)
-    assert a.serve(once=True) == 1
-    assert "job slow: stopped at its timeout of 1 s" in caplog.text
-    assert (tmp_path / "a" / "jobs" / "slow" / "control" / "stop").exists()
-    assert counts(sqs, url) == (0, 1)  # left for redelivery and the dead-letter queue
-
-
-def test_a_stop_asked_while_the_job_is_set_up_is_applied_when_it_starts(queue_and_bucket, tmp_path, monkeypatch):
-    """A cancel (or a heartbeat lapse) read while the bundle is fetched or the image pulled, before the job's
-    process exists: the job is stopped as soon as it starts, not left to run to its end."""
-    sqs, url = queue_and_bucket
-    sqs.send_message(QueueUrl=url, MessageBody=code_job(tmp_path, "early", "import time\ntime.sleep(600)\n"))
-    a = Agent(SqsJobQueue(url), "ckpt", {}, tmp_path / "a", wait_s=0, nproc=0, stop_grace_s=5)
-    real_start = a.start
-
-    def start(*args):
-        a.stop_job()  # what Tracking does on a cancel, with no process to stop yet
-        return real_start(*args)
-
-    monkeypatch.setattr(a, "start", start)
-    assert a.serve(once=True) == 75  # stopped at once: handed back
-    assert counts(sqs, url) == (1, 0)
+def test_an_exit_status_in_on_exit_codes_always_retries_and_never_counts():
+    retries = {"on_error": 0, "on_exit_codes": [2]}
+    earlier = [{"outcome": "failed", "exit_status": 2}] * 3
+    assert retry_decision(retries, earlier, 2) == (True, "exit status 2 is in retries.on_exit_codes")
+    assert retry_decision({"on_error": 1, "on_exit_codes": [2]}, earlier, 3) == (True, "retry 1 of 1 "
+                                                                                 "(retries.on_error)")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Preflight: checks from an injected probe or real commands on PATH; lifecycle hook and health in moto."""
+"""Preflight: checks from an injected probe or real commands on PATH; the instance type from the fake IMDS."""
 from __future__ import annotations
 
 import json
@@ -7,13 +7,10 @@ import stat
 import subprocess
 import sys
 
-import boto3
 import pytest
 
-from tests.trainer.aws import LifecycleStubbed, make_group
 from infra.demo.imds import FakeImds
 from trainer.errors import UsageError
-from trainer.clouds.aws import NodePlatform
 from trainer.node.preflight import Finding, HostProbe, check, main
 
 P5 = {"gpus": 8, "efa": 32, "nvswitch": True, "infiniband_gbps": 0}
@@ -81,55 +78,34 @@ def test_host_probe_reads_real_commands(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def node(tmp_path, moto_endpoint, monkeypatch):
-    (instance_id,) = make_group("gpu", "p5.48xlarge")
+def node(tmp_path, monkeypatch):
+    """An AWS node's node.json and its instance metadata (the fake IMDS), which names its type."""
     path = tmp_path / "node.json"
-    path.write_text(json.dumps({"cloud": "aws", "region": "eu-west-1", "asg_name": "gpu",
-                                "launch_hook": "launch", "terminate_hook": "terminate",
-                                "instance_types": {"p5.48xlarge": P5}}))
-    with FakeImds(instance_id=instance_id, instance_type="p5.48xlarge") as imds:
+    path.write_text(json.dumps({"cloud": "aws", "region": "eu-west-1", "instance_types": {"p5.48xlarge": P5}}))
+    with FakeImds(instance_type="p5.48xlarge") as imds:
         monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
         monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
-        yield str(path), instance_id
+        yield str(path)
 
 
-def platform(path, autoscaling):
-    return NodePlatform(json.loads(open(path).read()), autoscaling=autoscaling)
+def test_a_healthy_node_of_the_type_its_metadata_names_passes(node, capsys):
+    assert main(["--node-json", node], probe=FakeProbe()) == 0
+    assert "preflight passed on p5.48xlarge" in capsys.readouterr().out
 
 
-def health(instance_id):
-    group = boto3.client("autoscaling").describe_auto_scaling_instances(InstanceIds=[instance_id])
-    return group["AutoScalingInstances"][0]["HealthStatus"].upper()  # AWS: HEALTHY, moto: Healthy
-
-
-def test_pass_continues_the_launch(node, capsys):
-    path, instance_id = node
-    autoscaling = LifecycleStubbed()
-    autoscaling.expect_complete("gpu", "launch", instance_id, "CONTINUE")
-    assert main(["--node-json", path], probe=FakeProbe(), platform=platform(path, autoscaling)) == 0
-    autoscaling.stub.assert_no_pending_responses()
-    assert health(instance_id) == "HEALTHY"
+def test_a_failed_check_is_exit_1_with_its_finding(node, capsys):
+    assert main(["--node-json", node], probe=FakeProbe(gpus=7)) == 1
     out = capsys.readouterr().out
-    assert "preflight passed on p5.48xlarge" in out and "launch hook launch: CONTINUE" in out
+    assert "FAIL gpus: 7 found, 8 expected" in out and "preflight FAILED on p5.48xlarge" in out
 
 
-def test_failure_abandons_and_marks_unhealthy(node, capsys):
-    path, instance_id = node
-    autoscaling = LifecycleStubbed()
-    autoscaling.expect_complete("gpu", "launch", instance_id, "ABANDON")
-    assert main(["--node-json", path], probe=FakeProbe(gpus=7), platform=platform(path, autoscaling)) == 1
-    autoscaling.stub.assert_no_pending_responses()
-    assert health(instance_id) == "UNHEALTHY"
-    assert "FAIL gpus: 7 found, 8 expected" in capsys.readouterr().out
-
-
-def test_off_ec2_needs_the_type_and_skips_the_hook(tmp_path, capsys):
+def test_off_a_cloud_node_the_type_is_given(tmp_path, capsys):
     path = tmp_path / "node.json"
     path.write_text(json.dumps({"instance_types": {"g5.xlarge": G5}}))
     with pytest.raises(UsageError, match="--instance-type: required off a cloud node"):
         main(["--node-json", str(path)], probe=FakeProbe(gpus=1))
     assert main(["--node-json", str(path), "--instance-type", "g5.xlarge"], probe=FakeProbe(gpus=1)) == 0
-    assert "not on a cloud node: no lifecycle hook to complete" in capsys.readouterr().out
+    assert "preflight passed on g5.xlarge" in capsys.readouterr().out
 
 
 def test_cli_bad_input_is_one_line(tmp_path):

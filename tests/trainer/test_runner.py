@@ -1,14 +1,10 @@
 """The pure derivations of how a job runs: node facts from node.json, the job environment, the docker argv for
-real instance types (GPU flags, EFA and InfiniBand devices), the stop grace, and how the agent reads an exit."""
+real instance types (GPU flags, EFA and InfiniBand devices) and the stop grace."""
 from __future__ import annotations
 
-import signal
-
-import pytest
 
 from infra import catalog
 from infra.aws import efa
-from trainer.node.agent import outcome
 from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, code_environment, docker_argv, job_environment,
                                  node_facts, stop_grace)
 
@@ -86,19 +82,5 @@ def test_job_environment_and_code_environment():
 
 
 def test_stop_grace_fits_the_notice():
-    assert stop_grace("aws", notice=True) == 100 and stop_grace("azure", notice=True) == 20
-    assert stop_grace("aws", notice=False) == stop_grace(None, notice=True) == DEFAULT_GRACE_S
-
-
-@pytest.mark.parametrize("rc, stopped, kind, timed_out, read", [
-    (75, False, "image", False, 75),
-    (1, False, "image", False, 1),
-    (137, True, "image", False, 75),    # killed after the grace of a notice or cancel: handed back, not failed
-    (1, True, "code", False, 75),       # e.g. torchrun's own exit after its workers checkpointed
-    (0, True, "code", False, 0),        # finished before the stop took effect
-    (1, True, "trainer", False, 1),     # the built-in trainer exits 75 itself when it checkpointed
-    (-signal.SIGTERM, True, "trainer", False, 75),
-    (75, True, "image", True, 1),       # stopped at its timeout: failed whatever it exits with
-])
-def test_outcome(rc, stopped, kind, timed_out, read):
-    assert outcome(rc, stopped, kind, timed_out) == read
+    assert stop_grace("aws") == 100 and stop_grace("azure") == 20
+    assert stop_grace("tencent") == stop_grace(None) == DEFAULT_GRACE_S

@@ -15,7 +15,7 @@ import pytest
 
 from tests.trainer.gated import ROOT
 from trainer.errors import UsageError
-from trainer.jobs.spec import Job, parse_job
+from trainer.jobs.spec import MAX_ARGS_BYTES, Job, parse_job
 from trainer.jobs.submit import expand, parse_sweep
 
 
@@ -78,6 +78,13 @@ def received(sqs, url) -> list[dict]:
     return out
 
 
+def test_a_job_over_the_command_line_limit_is_refused_at_submit_in_one_line(queue):
+    _, url = queue
+    proc = submit("--queue-url", url, "--job-id", "big", "--", "--model", "m" * (MAX_ARGS_BYTES + 1))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "job big: its args are" in proc.stderr and "a command line can safely carry" in proc.stderr
+
+
 def test_submit_sends_the_grid(queue):
     sqs, url = queue
     proc = submit("--queue-url", url, "--job-id", "sweep1", "--sweep", "lr=1e-3,3e-4", "--sweep", "seed=1,2",
@@ -89,7 +96,7 @@ def test_submit_sends_the_grid(queue):
                                                     "sweep1.lr-3e-4.seed-1", "sweep1.lr-3e-4.seed-2"]
     for b in bodies:
         assert b["spec"] == 1 and b["kind"] == "trainer"
-        assert parse_job(json.dumps(b)).args[:4] == ("--steps", "50", "--model", "gpt-tiny")  # what the agent accepts
+        assert parse_job(json.dumps(b)).args[:4] == ("--steps", "50", "--model", "gpt-tiny")  # what the bridge accepts
 
 
 def test_workdir_is_uploaded_once_by_content(queue, tmp_path):

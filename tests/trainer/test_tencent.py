@@ -12,11 +12,10 @@ import time
 import boto3
 import pytest
 
-from tests.trainer.fake_tencent import KEY, ROLE, FakeApi3, FakeCmq, FakeMetadata, Refused
+from tests.trainer.fake_tencent import KEY, ROLE, FakeCmq, FakeMetadata
 from trainer.clouds import node_cloud
-from trainer.clouds.tencent import (CmqJobQueue, NodePlatform, SpotWatcher, credentials, open_queue, parse_queue_url,
-                                    unwrap, wrap)
-from trainer.clouds.tencent_api import (Api, ApiError, Credentials, Metadata, RoleCredentials, StaticCredentials,
+from trainer.clouds.tencent import CmqJobQueue, NodePlatform, SpotWatcher, credentials, open_queue, parse_queue_url
+from trainer.clouds.tencent_api import (ApiError, Credentials, Metadata, RoleCredentials, StaticCredentials,
                                         cmq_signature)
 from trainer.errors import UsageError
 from trainer.jobs.queue import open_queue as open_any_queue
@@ -88,6 +87,62 @@ def test_only_a_tencent_node_or_the_metadata_variable_lets_the_trainer_contact_a
     assert node_cloud({}) == "tencent"
 
 
+# --- on the Slurm controller: controller.json, no node.json ------------------------------------------------
+
+CONTROLLER_ROLE = "gpufleet-test-controller"
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    """Where this machine's settings files are (none yet), with no key, region or metadata variable set."""
+    from trainer.clouds import tencent
+
+    monkeypatch.setattr(tencent, "NODE_JSON", str(tmp_path / "node.json"))
+    monkeypatch.setattr(tencent, "CONTROLLER_JSON", str(tmp_path / "controller.json"))
+    for var in ("TENCENTCLOUD_SECRET_ID", "TENCENTCLOUD_SECRET_KEY", "TENCENTCLOUD_SESSION_TOKEN",
+                "TENCENTCLOUD_METADATA_ENDPOINT", "TENCENTCLOUD_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def _controller_json(machine, region="ap-nanjing"):
+    (machine / "controller.json").write_text(json.dumps({
+        "cloud": "tencent", "stack": "t", "region": region, "bucket": f"cos://{BUCKET}",
+        "tencent": {"app_id": "1250000000", "role_name": CONTROLLER_ROLE,
+                    "cos_endpoint": f"https://cos.{region}.myqcloud.com"}}))
+
+
+def test_on_the_controller_its_settings_give_the_role_and_the_region(machine):
+    from trainer.clouds import tencent
+
+    with pytest.raises(UsageError, match="node or the controller of the stack"):
+        credentials()
+    _controller_json(machine)
+    provider = credentials()  # nothing contacted yet: the key is fetched on first use
+    assert isinstance(provider, RoleCredentials) and provider.role == CONTROLLER_ROLE
+    assert tencent.region_of() == "ap-nanjing"
+
+
+def test_on_a_node_node_json_wins_over_any_controller_json(machine):
+    from trainer.clouds import tencent
+
+    _controller_json(machine)
+    (machine / "node.json").write_text(json.dumps({"cloud": "tencent", "region": "ap-shanghai",
+                                                   "tencent": {"role_name": ROLE}}))
+    assert credentials().role == ROLE and tencent.region_of() == "ap-shanghai"
+
+
+def test_the_bridge_on_the_controller_reaches_the_queue_with_the_controller_role_key(machine, monkeypatch, cmq):
+    """CmqJobQueue as the bridge opens it (no key given): the controller role's key from the metadata service."""
+    _controller_json(machine, region="ap-shanghai")
+    with FakeMetadata(role=CONTROLLER_ROLE) as fake:
+        monkeypatch.setenv("TENCENTCLOUD_METADATA_ENDPOINT", fake.endpoint)
+        q = open_queue(cmq.url("jobs"))
+        q.send("job")
+        assert fake.gets.count(f"meta-data/cam/security-credentials/{CONTROLLER_ROLE}") == 1
+    assert cmq.bodies("jobs") == ["job"] and cmq.calls[-1][1]["Token"] == KEY.token
+
+
 # --- COS through the S3 store ------------------------------------------------------------------------------
 
 def test_cos_store_round_trip_on_the_s3_compatible_endpoint_with_the_role_key(metadata, moto_endpoint):
@@ -145,7 +200,7 @@ def test_send_receive_delete(cmq):
     q.send(body)
     msg = q.receive(wait_s=2)
     assert msg.body == body and msg.receive_count == 1
-    assert cmq.counts("jobs") == (0, 1) and q.receive(wait_s=0) is None  # hidden from other agents
+    assert cmq.counts("jobs") == (0, 1) and q.receive(wait_s=0) is None  # hidden from other receivers
     q.delete(msg)
     assert cmq.counts("jobs") == (0, 0)
 
@@ -157,19 +212,12 @@ def test_an_empty_queue_long_polls_then_answers_nothing(cmq):
     assert time.monotonic() - start >= 0.9
 
 
-def test_the_deadline_is_the_visibility_end_or_the_retention_end_whichever_comes_first(cmq):
+def test_a_received_message_stays_hidden_and_extending_it_changes_nothing(cmq):
     q = queue(cmq)
     q.send("job")
     msg = q.receive(wait_s=1)
-    assert q.max_in_flight_s == 30
-    assert msg.received_at + q.max_in_flight_s == pytest.approx(time.time() + 30, abs=2)
-    cmq.queues["jobs"].retention_s = 10  # sent just now: retention ends before the visibility
-    q2 = queue(cmq)
-    q2.send("job 2")
-    msg2 = q2.receive(wait_s=1)
-    assert msg2.received_at + q2.max_in_flight_s == pytest.approx(time.time() + 10, abs=2)
-    q.extend(msg, 600)  # nothing to do: hidden until its deadline anyway
-    assert cmq.counts("jobs")[1] == 2
+    q.extend(msg, 600)  # CMQ has no per-message visibility: hidden for the queue's visibility timeout anyway
+    assert q.receive(wait_s=0) is None and cmq.counts("jobs") == (0, 1)
 
 
 def test_release_hands_the_job_back_at_once_without_counting_a_delivery(cmq):
@@ -181,18 +229,6 @@ def test_release_hands_the_job_back_at_once_without_counting_a_delivery(cmq):
     assert again.body == "job" and again.receive_count == 1 and again.id != first.id
     q.extend(again, 0)  # a zero extension is a release too
     assert q.receive(wait_s=1).receive_count == 1
-
-
-def test_failures_are_counted_across_copies_and_the_third_goes_to_the_dead_letter_queue(cmq):
-    q = queue(cmq)
-    q.send("crashes the trainer")
-    for n in (1, 2, 3):
-        msg = q.receive(wait_s=1)
-        assert (msg.body, msg.receive_count) == ("crashes the trainer", n)
-        q.fail(msg)
-    assert q.receive(wait_s=0) is None
-    assert cmq.bodies("jobs-dead") == ["crashes the trainer"]
-    assert wrap("x", 0) == "x" and unwrap(wrap("x", 2)) == ("x", 2) and unwrap('{"job_id": "a"}') == ('{"job_id": "a"}', 0)
 
 
 def test_retry_finds_the_dead_letter_queue_from_the_queue_url_and_removes_only_that_jobs_copy(cmq):
@@ -208,12 +244,12 @@ def test_retry_finds_the_dead_letter_queue_from_the_queue_url_and_removes_only_t
     assert [json.loads(b)["job_id"] for b in cmq.bodies("jobs-dead")] == ["b"]
 
 
-def test_a_message_whose_agent_died_comes_back_after_the_visibility_timeout_and_cmq_dead_letters_it(cmq):
+def test_a_message_whose_receiver_died_comes_back_after_the_visibility_timeout_and_cmq_dead_letters_it(cmq):
     cmq.queues["jobs"].visibility_s = 1
     q = queue(cmq)
     q.send("job")
     for n in (1, 2, 3):
-        msg = q.receive(wait_s=3)  # the agent dies: no delete, no release
+        msg = q.receive(wait_s=3)  # the receiver dies: no delete, no release
         assert msg.receive_count == n
     time.sleep(1.1)
     assert q.receive(wait_s=0) is None
@@ -246,56 +282,26 @@ def test_the_watcher_turns_the_reclamation_time_into_a_stop_notice(metadata):
     assert not watcher.is_alive()  # done once the notice is set
 
 
-@pytest.fixture
-def api():
-    calls = {}
-    with FakeApi3() as fake:
-        fake.handlers[("as", "DescribeAutoScalingInstances")] = lambda p: {"AutoScalingInstanceSet": [
-            {"InstanceId": p["InstanceIds"][0], "AutoScalingGroupId": "asg-1a2b3c4d"}]}
-
-        def hooks(p):
-            names = next(f["Values"] for f in p["Filters"] if f["Name"] == "lifecycle-hook-name")
-            known = {"gpufleet-test-preflight": "ash-launch01", "gpufleet-test-checkpoint": "ash-drain001"}
-            return {"LifecycleHookSet": [{"LifecycleHookId": known[n], "LifecycleHookName": n} for n in names if n in known]}
-
-        def complete(p):
-            calls.setdefault("complete", []).append(p)
-            if p["LifecycleHookId"] == "ash-drain001" and calls.get("refuse"):
-                raise Refused("ResourceNotFound.LifecycleHookInstanceNotMatch", "no pending action")
-            return {}
-
-        fake.handlers[("as", "DescribeLifecycleHooks")] = hooks
-        fake.handlers[("as", "CompleteLifecycleAction")] = complete
-        fake.handlers[("as", "SetInstancesProtection")] = lambda p: calls.setdefault("protect", []).append(p) or {}
-        yield fake, calls
+NODE = {"cloud": "tencent", "region": "ap-shanghai", "tencent": {"role_name": ROLE}}
 
 
-NODE = {"cloud": "tencent", "region": "ap-shanghai", "launch_hook": "gpufleet-test-preflight",
-        "terminate_hook": "gpufleet-test-checkpoint", "tencent": {"role_name": ROLE}}
+def test_the_platform_reads_the_instance_type_from_the_metadata_service(metadata):
+    assert NodePlatform(NODE).instance_type() == "GN10Xp.2XLARGE40"
 
 
-def test_the_platform_protects_the_node_and_completes_its_lifecycle_hooks(metadata, api):
-    fake, calls = api
-    platform = NodePlatform(NODE, api=Api(StaticCredentials(KEY), "ap-shanghai", endpoint=fake.endpoint))
-    assert platform.instance_type() == "GN10Xp.2XLARGE40"
-    platform.protect(True)
-    assert calls["protect"] == [{"AutoScalingGroupId": "asg-1a2b3c4d", "InstanceIds": ["ins-1a2b3c4d"],
-                                 "ProtectedFromScaleIn": True}]
-    assert platform.report_launch(True) == "lifecycle hook gpufleet-test-preflight: CONTINUE"
-    assert platform.report_launch(False) == "lifecycle hook gpufleet-test-preflight: ABANDON"
-    assert platform.going_away() is None
-    metadata.reclaim()
-    assert platform.going_away().startswith("spot reclamation at ")
-    platform.let_go()
-    assert [(c["LifecycleHookId"], c["LifecycleActionResult"]) for c in calls["complete"]] == [
-        ("ash-launch01", "CONTINUE"), ("ash-launch01", "ABANDON"), ("ash-drain001", "CONTINUE")]
-    calls["refuse"] = True
-    platform.let_go()  # no pending terminate action (a reclamation the group did not start): logged, no raise
-
-
-def test_the_platform_off_a_node_does_nothing(monkeypatch):
+def test_the_platform_off_a_node_cannot_tell_its_type(monkeypatch):
     monkeypatch.setenv("TENCENTCLOUD_METADATA_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    platform = NodePlatform(NODE)
-    assert platform.instance_id is None and platform.going_away() is None
-    assert platform.report_launch(True) == "not on a Tencent node: no lifecycle hook to complete"
-    platform.protect(True), platform.let_go()
+    assert NodePlatform(NODE).instance_type() is None
+
+
+def test_an_api_error_and_a_silent_metadata_service_are_one_line_each():
+    from trainer import clouds
+    from trainer.clouds import tencent
+    from trainer.clouds.tencent_api import ApiError, MetadataUnavailable
+    from trainer.errors import Fault, UsageError
+
+    denied = clouds.explain(ApiError("UnauthorizedOperation.NoPermission", "the role may not"))
+    assert isinstance(denied, UsageError) and "CAM role" in str(denied) and "\n" not in str(denied)
+    assert isinstance(clouds.explain(ApiError("InternalError", "try later")), Fault)
+    assert isinstance(clouds.explain(MetadataUnavailable("refused")), Fault)
+    assert tencent.explain(ValueError("not ours")) is None and clouds.explain(ValueError("not ours")) is None

@@ -136,7 +136,7 @@ def test_metrics_file_lines_are_visible_at_once_and_appended(tmp_path):
     path = tmp_path / "sub" / "m.jsonl"
     first = MetricsFile(str(path))
     first.write({"step": 1})
-    assert path.read_text() == '{"step": 1}\n'  # a follower (the agent's EMF tail) sees each step as it ends
+    assert path.read_text() == '{"step": 1}\n'  # a follower (the task's EMF tail) sees each step as it ends
     first.close()
     resumed = MetricsFile(str(path))
     resumed.write({"step": 2})

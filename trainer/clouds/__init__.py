@@ -1,11 +1,12 @@
-"""One module per cloud: its object store, job queue, stop-notice watcher and node platform.
+"""One module per cloud: its object store, job queue, stop-notice watcher, node platform and Slurm node provider.
 
-Each implements interfaces that trainer.loop, trainer.node and trainer.jobs define; the core picks one
-through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
+Each implements interfaces that trainer.loop, trainer.node, trainer.jobs and trainer.slurm define; the core picks
+one through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
 cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
-``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node, **clients)`` and
-``explain(exc)``: the one line (a UsageError for the user's setup, a Fault for a runtime fault) that its
-SDK's credential and connection errors become at the command boundary, or None.
+``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node)``, Slurm's
+``NodeProvider(config)``, ``node_name``, ``munge_key`` and ``explain(exc)``: the one line (a UsageError for
+the user's setup, a Fault for a runtime fault) that its SDK's credential and connection errors become at the
+command boundary, or None.
 """
 from __future__ import annotations
 

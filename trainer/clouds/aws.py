@@ -1,5 +1,5 @@
-"""AWS: the S3 checkpoint store, the SQS job queue, the IMDSv2 client and interruption watcher, and the
-node platform (its autoscaling group: scale-in protection, lifecycle hooks, gang membership).
+"""AWS: the S3 checkpoint store, the SQS job queue, the IMDSv2 client and spot interruption watcher, the node
+platform (metric dimensions, SSM secrets, ECR logins) and Slurm's node provider (trainer.clouds.aws_nodes).
 
 The metadata base URL is botocore's own ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (default 169.254.169.254);
 ``AWS_EC2_METADATA_DISABLED=true`` turns the client off, as it does botocore's. S3 and SQS follow boto3's
@@ -25,7 +25,6 @@ from trainer.loop.notices import poll_with_backoff
 from trainer.loop.storage import Conflict, MiB, Store
 from trainer.node import metric_names
 from trainer.node.platform import Platform
-from trainer.node.rendezvous import Board, RendezvousError, discover
 
 log = logging.getLogger("gpufleet.imds")
 
@@ -33,7 +32,6 @@ DEFAULT_ENDPOINT = "http://169.254.169.254/"
 TOKEN_TTL_S = 21600
 SPOT_ACTION = "meta-data/spot/instance-action"
 REBALANCE = "meta-data/events/recommendations/rebalance"
-LIFECYCLE = "meta-data/autoscaling/target-lifecycle-state"
 
 
 class ImdsUnavailable(Exception):
@@ -116,28 +114,22 @@ class Imds:
         return json.loads(doc)["region"] if doc else None
 
 
-def interruption(spot_action: str | None, lifecycle_state: str | None) -> str | None:
-    """The stop reason the metadata shows, or None.
-
-    A spot ``instance-action`` (terminate, stop or hibernate in about two minutes) and an autoscaling
-    target state of ``Terminated`` (scale-in or rebalancing reached this instance) both mean: stop now.
-    """
-    if spot_action:
-        try:
-            action = json.loads(spot_action)
-            return f"spot {action.get('action', 'interruption')} at {action.get('time', '?')}"
-        except ValueError:
-            return "spot interruption"
-    if lifecycle_state == "Terminated":
-        return "autoscaling lifecycle: Terminated"
-    return None
+def interruption(spot_action: str | None) -> str | None:
+    """The stop reason a spot ``instance-action`` (terminate, stop or hibernate in about two minutes) gives, or
+    None."""
+    if not spot_action:
+        return None
+    try:
+        action = json.loads(spot_action)
+        return f"spot {action.get('action', 'interruption')} at {action.get('time', '?')}"
+    except ValueError:
+        return "spot interruption"
 
 
 class Watcher:
-    """Polls the three interruption items every ``interval_s`` and sets ``notice`` on the first one.
+    """Polls the spot instance-action every ``interval_s`` and sets ``notice`` once it appears.
 
-    A rebalance recommendation is logged, not acted on: it is advice that may never turn into an
-    interruption, and when the group rebalances, the scale-in shows up as the lifecycle state.
+    A rebalance recommendation is logged, not acted on: it is advice that may never turn into an interruption.
     """
 
     def __init__(self, notice, imds: Imds | None = None, interval_s: float = 5.0, max_backoff_s: float = 300.0):
@@ -149,7 +141,7 @@ class Watcher:
         self._rebalance_seen = False
 
     def poll(self) -> str | None:
-        reason = interruption(self.imds.get(SPOT_ACTION), self.imds.get(LIFECYCLE))
+        reason = interruption(self.imds.get(SPOT_ACTION))
         if reason is None and not self._rebalance_seen and self.imds.get(REBALANCE):
             self._rebalance_seen = True
             log.warning("EC2 rebalance recommendation: interruption risk is elevated; continuing")
@@ -344,26 +336,6 @@ class S3Store(Store):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
-    conditional_create = True  # False where the endpoint ignores If-None-Match (see trainer.clouds.tencent)
-
-    def create(self, key: str, data: bytes) -> None:
-        """A conditional PutObject (If-None-Match: *): S3 refuses it with 412 if the key exists. Where the
-        endpoint has no such condition, a look then a write, which two writers at the same moment can both pass."""
-        from botocore.exceptions import ClientError
-
-        if not self.conditional_create:
-            if self.exists(key):
-                raise FileExistsError(f"{self.uri}{key}")
-            self.write_bytes(key, data)
-            return
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-        except ClientError as exc:
-            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("PreconditionFailed", "412",
-                                                                              "ConditionalRequestConflict"):
-                raise FileExistsError(f"{self.uri}{key}") from None
-            raise
-
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -475,109 +447,52 @@ def open_queue(url: str, region: str | None = None) -> SqsJobQueue:
     return SqsJobQueue(url, region)
 
 
-# --- Node platform: the autoscaling group ----------------------------------------------------------
+# --- Node platform: metric dimensions, secrets and registry logins through the instance role ------------
 
 METADATA_TRIES = 3  # reads of the instance id before a node counts as off EC2
 
 
 class NodePlatform(Platform):
-    """This instance in its autoscaling group: scale-in protection, lifecycle hooks, the gang. Clients are
-    made on first use from the node's region unless given (tests pass clients of a moto server)."""
+    """This instance: its metrics' dimensions (node.json's group name and the instance id), SSM secrets and ECR
+    logins through the instance role. The SSM client is made on first use from the node's region."""
 
     name = "aws"
 
-    def __init__(self, node: dict, imds: Imds | None = None, autoscaling=None, ec2=None, s3=None):
+    def __init__(self, node: dict, imds: Imds | None = None):
         from trainer.node.registry import LoginCache
 
         self.node, self.imds = node, imds or Imds()
-        self._clients = {"autoscaling": autoscaling, "ec2": ec2, "s3": s3, "ssm": None}
+        self._ssm = None
         self._logins = LoginCache()
-        self.instance_id = self.asg = None
+        self.instance_id = None
         for attempt in range(METADATA_TRIES):  # node.json names AWS: a slow answer (boot, load) is not "off EC2"
             try:
                 self.instance_id = self.imds.instance_id()
                 break
             except ImdsUnavailable:
                 if attempt + 1 == METADATA_TRIES:
-                    log.info("no instance metadata: no scale-in protection or lifecycle actions")
+                    log.info("no instance metadata: this node's metrics carry no instance id")
                     return
                 time.sleep(0.5)
-        self.asg = node.get("asg_name") or next(iter(
-            i["AutoScalingGroupName"] for i in self.client("autoscaling").describe_auto_scaling_instances(
-                InstanceIds=[self.instance_id])["AutoScalingInstances"]), None)
-        if not self.asg:
-            log.info("instance %s is in no autoscaling group: no scale-in protection or lifecycle actions",
-                     self.instance_id)
 
-    def client(self, service: str):
-        if self._clients[service] is None:
+    def ssm(self):
+        if self._ssm is None:
             import boto3
 
             region = self.node.get("region") or (self.imds.region() if self.instance_id else None)
-            self._clients[service] = boto3.client(service, region_name=region)
-        return self._clients[service]
+            self._ssm = boto3.client("ssm", region_name=region)
+        return self._ssm
 
     def metric_dimensions(self) -> dict[str, str]:
-        """The group (node.json's, else the one the instance is in) and this instance: what the stack's
-        dashboard and alarms read."""
-        return metric_names.dimensions(self.asg or self.node.get("asg_name"), self.instance_id)
-
-    def protect(self, on: bool) -> None:
-        if not self.asg:
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client("autoscaling").set_instance_protection(
-                InstanceIds=[self.instance_id], AutoScalingGroupName=self.asg, ProtectedFromScaleIn=on)
-        except ClientError as exc:
-            log.warning("scale-in protection %s for %s failed: %s", "on" if on else "off", self.instance_id, exc)
-
-    def going_away(self) -> str | None:
-        """A spot instance-action or the lifecycle target state Terminated, or None."""
-        if not self.instance_id:
-            return None
-        try:
-            return interruption(self.imds.get(SPOT_ACTION), self.imds.get(LIFECYCLE))
-        except ImdsUnavailable:
-            return None
-
-    def let_go(self) -> None:
-        """Let the terminate lifecycle hook continue: this node's checkpoint is safe."""
-        hook = self.node.get("terminate_hook")
-        if not (self.asg and hook):
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client("autoscaling").complete_lifecycle_action(
-                LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
-                LifecycleActionResult="CONTINUE")
-            log.info("terminate hook %s: CONTINUE", hook)
-        except ClientError as exc:  # e.g. a spot interruption that the group has not started terminating yet
-            log.warning("terminate hook %s not completed: %s", hook, exc)
+        """The nodes' group (node.json asg_name: the dimension the stack's dashboard and alarms read) and this
+        instance."""
+        return metric_names.dimensions(self.node.get("asg_name"), self.instance_id)
 
     def instance_type(self) -> str | None:
         try:
             return self.imds.instance_type()
         except ImdsUnavailable:
             return None
-
-    def report_launch(self, ok: bool) -> str:
-        """Complete the launch hook (CONTINUE/ABANDON); a failed node is also marked Unhealthy."""
-        if not self.instance_id:
-            return "not on EC2: no lifecycle hook to complete"
-        autoscaling = self.client("autoscaling")
-        if not ok:
-            autoscaling.set_instance_health(InstanceId=self.instance_id, HealthStatus="Unhealthy",
-                                            ShouldRespectGracePeriod=False)
-        hook = self.node.get("launch_hook")
-        if not (self.asg and hook):
-            return "marked Unhealthy" if not ok else "no launch hook to complete"
-        autoscaling.complete_lifecycle_action(
-            LifecycleHookName=hook, AutoScalingGroupName=self.asg, InstanceId=self.instance_id,
-            LifecycleActionResult="CONTINUE" if ok else "ABANDON")
-        return f"launch hook {hook}: {'CONTINUE' if ok else 'ABANDON'}"
 
     def secret(self, source: str, name: str) -> str:
         """An SSM parameter (a SecureString is decrypted with its key) below the stack's path
@@ -588,7 +503,7 @@ class NodePlatform(Platform):
 
         path = f"/gpufleet/{self.node.get('stack', '<stack>')}/"
         try:
-            return self.client("ssm").get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+            return self.ssm().get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code == "ParameterNotFound":
@@ -619,17 +534,6 @@ class NodePlatform(Platform):
 
         return self._logins.get(host, fetch)
 
-    def form_gang(self, nnodes: int, timeout_s: float):
-        """The gang of the group's first ``nnodes`` InService instances (head: lowest private IP)."""
-        if not self.asg:
-            raise RendezvousError("gang: this node is not an instance of an autoscaling group (no instance "
-                                  "metadata or no group): gang mode forms the gang from the group")
-        try:
-            my_ip = self.imds.private_ip()
-        except ImdsUnavailable as exc:
-            raise RendezvousError(f"gang: no private IP from the instance metadata ({exc})") from None
-        return discover(self.asg, my_ip, nnodes, self.client("autoscaling"), self.client("ec2"),
-                        timeout_s=timeout_s)
 
-    def board(self, bucket: str):
-        return Board(bucket, self.client("s3"))
+# --- Slurm's power saving on EC2, a node's Slurm name and the munge key (trainer/clouds/aws_nodes.py) --------
+from trainer.clouds.aws_nodes import NodeProvider, munge_key, node_name  # noqa: E402,F401

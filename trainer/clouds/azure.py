@@ -5,8 +5,9 @@ Credentials and endpoints come from the standard variables only:
 - ``AZURE_STORAGE_CONNECTION_STRING`` (the SDKs' and CLI's own): when it names the same account as the
   URL (or the URL names none, as az:// does), its endpoints and key win. This points the adapters at
   Azurite, as ``AWS_ENDPOINT_URL`` points boto3 at moto.
-- Otherwise ``DefaultAzureCredential``: on a node the user-assigned managed identity, selected by
-  ``AZURE_CLIENT_ID`` (its client id, from node.json). The accounts refuse shared keys.
+- Otherwise ``DefaultAzureCredential``: on a node or the controller the machine's user-assigned managed identity,
+  selected by ``AZURE_CLIENT_ID`` or else the client id in node.json (a node) or controller.json (the controller,
+  which has no node.json). The accounts refuse shared keys.
 - ``AZURE_STORAGE_ACCOUNT`` (the CLI's own) names the account for az:// URIs.
 
 Blob store (``az://container/prefix`` or ``https://<account>.blob.core.windows.net/<container>/<prefix>``):
@@ -24,11 +25,9 @@ Job queue (``https://<account>.queue.core.windows.net/<queue>``), differences fr
 Message bodies are base64-encoded text, the encoding Azure Functions and the portal use.
 
 Scheduled Events: ``GET {base}/metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``
-(base http://169.254.169.254, a parameter). Approval is ``POST`` ``{"StartRequests": [{"EventId"}]}``.
-The watcher never approves: approval starts the eviction at once, so it is the last step of the
-node's stop path (``approve_stop_events``), as completing the lifecycle action is on AWS. Events
-nobody approves still happen at their NotBefore time. Off Azure nothing answers: the watcher backs
-off up to ``max_backoff_s`` and logs once.
+(base http://169.254.169.254, a parameter). The watcher never approves an event (approval would start the
+eviction at once): events happen at their NotBefore time, by which the node's jobs were requeued. Off Azure
+nothing answers: the watcher backs off up to ``max_backoff_s`` and logs once.
 """
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ import urllib.parse
 import urllib.request
 from urllib.parse import urlparse
 
+from trainer.clouds.azure_nodes import NodeProvider, munge_key, node_name  # noqa: F401 (adapter("azure").X)
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import poll_with_backoff
@@ -84,17 +84,33 @@ def default_account() -> str | None:
     return os.environ.get(ACCOUNT) or None
 
 
-def credential():
-    """DefaultAzureCredential; its managed identity (the metadata address) only on an Azure node, or where
-    the hosting service names an identity endpoint: a laptop, CI or a test never sends a packet there."""
-    from azure.identity import DefaultAzureCredential
+def machine_settings() -> dict:
+    """This machine's settings: node.json on a GPU node, controller.json on the Slurm controller (which has no
+    node.json), {} elsewhere."""
+    from pathlib import Path
 
     from trainer.node import node_schema
 
-    on_azure = node_schema.load(node_schema.PATH, required=False).get("cloud") == "azure" or any(
+    node = node_schema.load(node_schema.PATH, required=False)
+    if node or not Path(node_schema.CONTROLLER_PATH).exists():
+        return node
+    return node_schema.load_controller(node_schema.CONTROLLER_PATH)
+
+
+def credential():
+    """DefaultAzureCredential; its managed identity (the metadata address) only on an Azure machine of a stack (a
+    node or the controller), or where the hosting service names an identity endpoint: a laptop, CI or a test never
+    sends a packet there. The user-assigned identity is the one AZURE_CLIENT_ID names, else the one of the
+    machine's settings (azure.client_id)."""
+    from azure.identity import DefaultAzureCredential
+
+    settings = machine_settings()
+    on_azure = settings.get("cloud") == "azure" or any(
         os.environ.get(v) for v in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT"))
+    client_id = os.environ.get("AZURE_CLIENT_ID") or (settings.get("azure") or {}).get("client_id") or None
     return DefaultAzureCredential(exclude_interactive_browser_credential=True,
-                                  exclude_managed_identity_credential=not on_azure)
+                                  exclude_managed_identity_credential=not on_azure,
+                                  **({"managed_identity_client_id": client_id} if on_azure and client_id else {}))
 
 
 HOW_TO_CREDENTIAL = (f"set {CONNECTION_STRING} (an account key or SAS connection string), or sign in with "
@@ -152,14 +168,6 @@ class AzureBlobStore(Store):
 
     def read_bytes(self, key: str) -> bytes:
         return self._download(key).readall()
-
-    def create(self, key: str, data: bytes) -> None:
-        from azure.core.exceptions import ResourceExistsError
-
-        try:
-            self.container.upload_blob(self._name(key), data, overwrite=False)  # If-None-Match: *
-        except ResourceExistsError:
-            raise FileExistsError(f"{self.uri}{key}") from None
 
     def upload_file(self, key: str, path: str | os.PathLike) -> None:
         with open(path, "rb") as src:
@@ -239,7 +247,7 @@ def open_store(uri: str) -> AzureBlobStore:
 
 QUEUE_HOST = ".queue.core.windows.net"
 MAX_DELIVERIES = 5       # Azure Functions' default maxDequeueCount
-VISIBILITY_S = 600       # lease given on receive; the agent extends it while the job runs
+VISIBILITY_S = 600       # hidden this long on receive; the bridge extends it while it holds a sweep's message
 POLL_S = 2.0
 
 
@@ -266,8 +274,6 @@ def _client(account: str, queue: str):
 
 
 class AzureJobQueue(JobQueue):
-    max_in_flight_s = 10 * 365 * 86400.0  # no limit; finite for the agent's arithmetic
-
     def __init__(self, url: str, *, visibility_s: int = VISIBILITY_S, max_deliveries: int = MAX_DELIVERIES,
                  poll_s: float = POLL_S):
         account, name = parse_url(url)
@@ -366,11 +372,8 @@ class ScheduledEvents:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self._vm_name: str | None = None
 
-    def _request(self, path: str, body: dict | None = None) -> bytes:
+    def _request(self, path: str) -> bytes:
         req = urllib.request.Request(f"{self.base}{path}", headers={"Metadata": "true"})
-        if body is not None:
-            req.data = json.dumps(body).encode()
-            req.add_header("Content-Type", "application/json")
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
                 return resp.read()
@@ -387,26 +390,6 @@ class ScheduledEvents:
     def stopping(self) -> list[dict]:
         """This VM's stopping events now listed."""
         return stop_events(json.loads(self._request(EVENTS)), self.vm_name() or None)
-
-    def approve(self, event_ids: list[str]) -> None:
-        self._request(EVENTS, {"StartRequests": [{"EventId": i} for i in event_ids]})
-
-
-def approve_stop_events(base_url: str = DEFAULT_BASE) -> list[str]:
-    """Approve this VM's scheduled stopping events (Azure may then proceed at once); their ids.
-
-    Call it last, once the checkpoint is safe and the job handed back. Off Azure: nothing, [].
-    """
-    events = ScheduledEvents(base_url)
-    try:
-        ids = [e["EventId"] for e in events.stopping() if e.get("EventStatus", "Scheduled") == "Scheduled"]
-        if ids:
-            events.approve(ids)
-            log.info("approved scheduled events %s", ", ".join(ids))
-        return ids
-    except MetadataUnavailable as exc:
-        log.info("no scheduled events approved: %s", exc)
-        return []
 
 
 class ScheduledEventsWatcher(threading.Thread):
@@ -445,7 +428,7 @@ def open_queue(url: str, region: str | None = None) -> AzureJobQueue:
     return AzureJobQueue(url)
 
 
-# --- Node platform: the scale set ------------------------------------------------------------------
+# --- Node platform: Key Vault secrets and registry logins through the managed identity ---------------
 
 IDENTITY_TOKEN = "/metadata/identity/oauth2/token?api-version=2018-02-01"
 MANAGEMENT = "https://management.azure.com/"  # the resource an ACR token exchange takes a token for
@@ -503,11 +486,9 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
 
 
 class NodePlatform(Platform):
-    """A scale-set VM: evictions come from Scheduled Events; approving them lets Azure go ahead. The scale
-    set has no per-instance scale-in protection here and gang mode is not run on Azure. Key Vault secrets and
-    registry logins come through the node's managed identity (tokens from the metadata service at
-    ``base_url``); ``registry_url`` and ``vault_url`` are the services' URL templates (tests point them at
-    fakes on loopback)."""
+    """A node VM: Key Vault secrets and registry logins come through its managed identity (tokens from the
+    metadata service at ``base_url``); ``registry_url`` and ``vault_url`` are the services' URL templates (tests
+    point them at fakes on loopback)."""
 
     name = "azure"
 
@@ -585,14 +566,3 @@ class NodePlatform(Platform):
             return RegistryLogin(host, ACR_USER, refresh, jwt_expiry(refresh) or expires)
 
         return self._logins.get(host, fetch)
-
-    def going_away(self) -> str | None:
-        try:
-            events = ScheduledEvents(self.base_url).stopping()
-        except MetadataUnavailable:
-            return None
-        return f"azure {events[0]['EventType']}" if events else None
-
-    def let_go(self) -> None:
-        approve_stop_events(self.base_url)
-

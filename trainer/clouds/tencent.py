@@ -1,11 +1,14 @@
 """Tencent Cloud: COS checkpoints through the S3 store, the TDMQ CMQ job queue, the spot reclamation watcher,
-and the node platform (its Auto Scaling group: scale-in protection, lifecycle hooks).
+Slurm's node provider, node name and munge key (trainer.clouds.tencent_nodes), and the node platform (the instance
+type; no secrets or registry logins through the node's identity yet).
 
+The machine's settings are /etc/gpufleet/node.json on a GPU node, else /etc/gpufleet/controller.json on the Slurm
+controller (which has no node.json); both name the cloud, the region and, under ``tencent``, the machine's CAM role.
 Credentials, first found: a key in the environment (``TENCENTCLOUD_SECRET_ID``/``_SECRET_KEY``/
-``_SESSION_TOKEN``, the SDK's and CLI's names), else, on a Tencent node (node.json says so) or where
-``TENCENTCLOUD_METADATA_ENDPOINT`` points at a metadata service, the temporary key of the node's CAM role
+``_SESSION_TOKEN``, the SDK's and CLI's names), else, on a Tencent machine of the stack (its settings say so) or
+where ``TENCENTCLOUD_METADATA_ENDPOINT`` points at a metadata service, the temporary key of the machine's CAM role
 from the metadata service, fetched again before it expires. Nowhere else is a metadata address contacted.
-The region is ``TENCENTCLOUD_REGION`` (the CLI's) or node.json's.
+The region is ``TENCENTCLOUD_REGION`` (the CLI's) or the settings'.
 
 COS (``cos://<bucket>-<appid>/prefix``): the S3 store over COS's S3-compatible endpoint
 ``https://cos.<region>.myqcloud.com`` (virtual-hosted addressing, SigV4 with the temporary key and its
@@ -13,16 +16,13 @@ token); boto3's own ``AWS_ENDPOINT_URL`` points it at an S3 emulator instead, as
 
 TDMQ CMQ (``http://<region code>.mqadapter.cmq.tencentyun.com/<queue>``, the private endpoint, or the
 public ``https://cmq-<code>.public.tencenttdmq.com/<queue>``), differences from SQS handled here:
-- No per-message visibility change: a received message stays hidden for the queue's visibilityTimeout,
-  and CMQ keeps any message at most msgRetentionSeconds from its last send. The earlier of the two is the
-  message's deadline; the agent hands a running job back (with a checkpoint) before it, and ``extend`` has
-  nothing to do inside it.
-- Hand-back (``release``) sends a copy and deletes the received message: visible at once, with a fresh
-  retention and receive count, so hand-backs never count as failures.
-- A real failure (``fail``) hands the job back with its failure count in an envelope the queue reads
-  (``{"gpufleet": 1, "failures": n, "body": ...}``); at ``max_failures`` it goes to the dead-letter queue
-  ``<queue>-dead`` instead. A node that dies without a word leaves the message to CMQ: visible again after
-  the visibility timeout, and CMQ's own dead-letter policy (maxReceiveCount) counts those receives.
+- No per-message visibility change: a received message stays hidden for the queue's visibilityTimeout, so
+  ``extend`` has nothing to do (the bridge holds a sweep's message far less than that).
+- ``release`` sends a copy and deletes the received message: visible at once, with a fresh retention and
+  receive count.
+- ``dead_letter`` sends the message to ``<queue>-dead`` and deletes it here. A receiver that dies without a word
+  leaves the message to CMQ: visible again after the visibility timeout, and CMQ's own dead-letter policy
+  (maxReceiveCount) counts those receives.
 
 Spot reclamation: ``meta-data/spot/termination-time`` answers the reclaim time (UTC+8, e.g.
 ``2018-08-18 12:05:33``) once the instance is marked, 404 before; the documentation gives no lead time.
@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from trainer.clouds.tencent_api import (METADATA_ENDPOINT, Api, ApiError, Cmq, Metadata, MetadataUnavailable,
+from trainer.clouds.tencent_api import (METADATA_ENDPOINT, ApiError, Cmq, Metadata, MetadataUnavailable,
                                         RoleCredentials, StaticCredentials, env_credentials)
-from trainer.errors import UsageError
+from trainer.clouds.tencent_nodes import NodeProvider, munge_key, node_name  # noqa: F401 (Slurm's entry points)
+from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import poll_with_backoff
 from trainer.node.platform import Platform
@@ -47,21 +48,24 @@ from trainer.node.platform import Platform
 log = logging.getLogger("gpufleet.tencent")
 
 NODE_JSON = "/etc/gpufleet/node.json"
+CONTROLLER_JSON = "/etc/gpufleet/controller.json"   # the Slurm controller's (trainer.node.node_schema)
 REGION = "TENCENTCLOUD_REGION"
 SPOT = "meta-data/spot/termination-time"
-INSTANCE_ID = "meta-data/instance-id"
 INSTANCE_TYPE = "meta-data/instance/instance-type"
-AS_VERSION = "2018-04-19"
 NO_MESSAGE = 7000          # CMQ: the queue has no message to hand out
-MAX_FAILURES = 3           # real failures before the dead-letter queue (as the stack's maxReceiveCount)
 DEAD_SUFFIX = "-dead"
 
 
 def node_settings() -> dict:
-    try:
-        return json.loads(Path(NODE_JSON).read_text())
-    except (OSError, ValueError):
-        return {}
+    """This machine's settings: node.json on a GPU node, else controller.json on the controller, else {}."""
+    for path in (NODE_JSON, CONTROLLER_JSON):
+        try:
+            settings = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(settings, dict):
+            return settings
+    return {}
 
 
 def credentials(settings: dict | None = None, environ=os.environ):
@@ -73,14 +77,32 @@ def credentials(settings: dict | None = None, environ=os.environ):
     if settings.get("cloud") == "tencent" or environ.get(METADATA_ENDPOINT):
         return RoleCredentials(Metadata(), (settings.get("tencent") or {}).get("role_name"))
     raise UsageError("no Tencent Cloud credentials: set TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY, "
-                     "or run on a node of the stack (its CAM role)")
+                     "or run on a node or the controller of the stack (its CAM role)")
+
+
+# API errors that are the user's setup (a key or a role without the right), not a fault of the service.
+SETUP_CODES = ("AuthFailure", "UnauthorizedOperation")
+
+
+def explain(exc: BaseException) -> UsageError | Fault | None:
+    """A Tencent Cloud API error or an unreachable metadata service in one line (trainer.clouds.explain)."""
+    if isinstance(exc, ApiError):
+        code = str(exc.code)
+        if code.split(".")[0] in SETUP_CODES:
+            return UsageError(f"Tencent Cloud refused the request ({exc}); check the key or the CAM role's policy")
+        return Fault(f"Tencent Cloud API error: {exc}")
+    if isinstance(exc, MetadataUnavailable):
+        return Fault(f"the Tencent metadata service does not answer ({exc}); on a laptop, set "
+                     "TENCENTCLOUD_SECRET_ID/TENCENTCLOUD_SECRET_KEY")
+    return None
 
 
 def region_of(settings: dict | None = None, environ=os.environ) -> str:
     settings = node_settings() if settings is None else settings
     region = environ.get(REGION) or settings.get("region")
     if not region:
-        raise UsageError(f"no Tencent Cloud region: set {REGION} (e.g. ap-shanghai) or run on a node of the stack")
+        raise UsageError(f"no Tencent Cloud region: set {REGION} (e.g. ap-shanghai) or run on a node or the "
+                         "controller of the stack")
     return region
 
 
@@ -139,10 +161,6 @@ def open_store(uri: str):
     store = S3Store(parsed.netloc, parsed.path, client=cos_client(region_of(settings), credentials(settings)))
     store.uri = f"cos://{parsed.netloc}/{store.prefix}"
     store.conditional = False  # COS documents no If-Match on PUT Object: job records are last-writer-wins here
-    # COS's S3 API documents no If-None-Match on PUT Object, and its own x-cos-forbid-overwrite has no effect on
-    # a bucket that has ever had versioning on (the stack's bucket has): the checkpoint lease (trainer.loop.lease)
-    # is taken with a look then a write there, so two runners starting within the same moment are not told apart.
-    store.conditional_create = False
     return store
 
 
@@ -158,43 +176,13 @@ def parse_queue_url(url: str) -> tuple[str, str]:
     return f"{parsed.scheme}://{parsed.netloc}", queue
 
 
-def wrap(body: str, failures: int) -> str:
-    """The message body the queue sends: the job itself, or the envelope that carries its failure count."""
-    return body if failures == 0 else json.dumps({"gpufleet": 1, "failures": failures, "body": body})
-
-
-def unwrap(text: str) -> tuple[str, int]:
-    """(job body, failures so far) of a received message body."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return text, 0
-    if isinstance(doc, dict) and set(doc) == {"gpufleet", "failures", "body"} and isinstance(doc["body"], str):
-        return doc["body"], int(doc["failures"])
-    return text, 0
-
-
 class CmqJobQueue(JobQueue):
-    def __init__(self, url: str, region: str | None = None, credentials_provider=None,
-                 max_failures: int = MAX_FAILURES):
+    def __init__(self, url: str, region: str | None = None, credentials_provider=None):
         endpoint, self.queue = parse_queue_url(url)
         self.url = url
         self.dead_letter_queue = self.queue + DEAD_SUFFIX
         self.endpoint = endpoint
         self.cmq = Cmq(endpoint, credentials_provider or credentials())
-        self.max_failures = max_failures
-        self._attributes: dict | None = None
-        self._failures: dict[str, int] = {}   # receipt -> failures carried by the message's envelope
-        self._lock = threading.Lock()
-
-    def attributes(self) -> dict:
-        if self._attributes is None:
-            self._attributes = self.cmq.call("GetQueueAttributes", {"queueName": self.queue})
-        return self._attributes
-
-    @property
-    def max_in_flight_s(self) -> float:
-        return float(self.attributes()["visibilityTimeout"])
 
     def receive(self, wait_s: int) -> Message | None:
         try:
@@ -204,52 +192,32 @@ class CmqJobQueue(JobQueue):
             if exc.code == NO_MESSAGE:
                 return None
             raise
-        body, failures = unwrap(m["msgBody"])
-        retention_end = int(m["enqueueTime"]) + int(self.attributes()["msgRetentionSeconds"])
-        deadline = min(int(m["nextVisibleTime"]), retention_end)
-        with self._lock:
-            self._failures[m["receiptHandle"]] = failures
-        # The agent's in-flight cap is received_at + max_in_flight_s: make that this message's deadline.
-        return Message(m["msgId"], body, m["receiptHandle"], failures + max(1, int(m.get("dequeueCount") or 1)),
-                       received_at=deadline - self.max_in_flight_s)
+        return Message(m["msgId"], m["msgBody"], m["receiptHandle"], max(1, int(m.get("dequeueCount") or 1)))
 
     def extend(self, msg: Message, visibility_s: int) -> None:
-        """CMQ keeps a received message hidden until its deadline; only a release (0) changes anything."""
+        """CMQ keeps a received message hidden for the queue's visibility timeout; only a release (0) changes
+        anything."""
         if visibility_s <= 0:
             self.release(msg)
 
-    def _resend(self, msg: Message, failures: int, queue: str | None = None) -> None:
+    def _resend(self, msg: Message, queue: str | None = None) -> None:
         """Send the job again (to ``queue``, default this one), then delete the received copy."""
-        self.cmq.call("SendMessage", {"queueName": queue or self.queue, "msgBody": wrap(msg.body, failures)})
+        self.cmq.call("SendMessage", {"queueName": queue or self.queue, "msgBody": msg.body})
         self.delete(msg)
 
     def release(self, msg: Message) -> None:
-        """Hand the job back at once: a new copy, the same failure count."""
-        with self._lock:
-            failures = self._failures.get(msg.receipt, 0)
-        self._resend(msg, failures)
-
-    def fail(self, msg: Message) -> None:
-        """A real failure: back in the queue at once with one more failure, or dead-lettered at max_failures."""
-        with self._lock:
-            failures = self._failures.get(msg.receipt, 0) + 1
-        if failures >= self.max_failures:
-            log.error("message %s failed %d times: moved to %s", msg.id, failures, self.dead_letter_queue)
-            self._resend(msg, 0, self.dead_letter_queue)
-        else:
-            self._resend(msg, failures)
+        """Visible again at once: a new copy."""
+        self._resend(msg)
 
     def dead_letters(self) -> "CmqJobQueue":
         return CmqJobQueue(f"{self.endpoint}/{self.dead_letter_queue}", credentials_provider=self.cmq.credentials)
 
     def dead_letter(self, msg: Message, reason: str) -> None:
         log.error("message %s: moved to %s (%s)", msg.id, self.dead_letter_queue, reason)
-        self._resend(msg, 0, self.dead_letter_queue)
+        self._resend(msg, self.dead_letter_queue)
 
     def delete(self, msg: Message) -> None:
         self.cmq.call("DeleteMessage", {"queueName": self.queue, "receiptHandle": msg.receipt})
-        with self._lock:
-            self._failures.pop(msg.receipt, None)
 
     def send(self, body: str) -> str:
         return self.cmq.call("SendMessage", {"queueName": self.queue, "msgBody": body})["msgId"]
@@ -295,90 +263,19 @@ def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> SpotWatche
     return watcher
 
 
-# --- Node platform: the Auto Scaling group ---------------------------------------------------------
+# --- Node platform ----------------------------------------------------------------------------------
 
 class NodePlatform(Platform):
-    """This CVM in its scaling group: scale-in protection and lifecycle actions through the AS API 3.0 with
-    the node role's key. Gang mode is not run on Tencent (the base class refuses it)."""
+    """This CVM: its instance type from the metadata service (secrets and registry logins are the base class's:
+    none)."""
 
     name = "tencent"
 
-    def __init__(self, node: dict, metadata: Metadata | None = None, api: Api | None = None):
+    def __init__(self, node: dict, metadata: Metadata | None = None):
         self.node, self.metadata = node, metadata or Metadata()
-        self._api = api
-        self._group: str | None = None
-        self.instance_id = None
-        try:
-            self.instance_id = self.metadata.get(INSTANCE_ID)
-        except MetadataUnavailable:
-            log.info("no Tencent metadata: no scale-in protection or lifecycle actions")
-
-    def api(self) -> Api:
-        if self._api is None:
-            self._api = Api(credentials(self.node), region_of(self.node))
-        return self._api
-
-    def _as(self, action: str, params: dict) -> dict:
-        return self.api().call("as", AS_VERSION, action, params)
-
-    def group_id(self) -> str | None:
-        if self._group is None and self.instance_id:
-            found = self._as("DescribeAutoScalingInstances", {"InstanceIds": [self.instance_id]})
-            rows = found.get("AutoScalingInstanceSet") or []
-            self._group = rows[0]["AutoScalingGroupId"] if rows else None
-        return self._group
-
-    def _hook_id(self, name: str | None) -> str | None:
-        group = self.group_id()
-        if not (group and name):
-            return None
-        hooks = self._as("DescribeLifecycleHooks", {"Filters": [
-            {"Name": "auto-scaling-group-id", "Values": [group]}, {"Name": "lifecycle-hook-name", "Values": [name]}]})
-        rows = hooks.get("LifecycleHookSet") or []
-        return rows[0]["LifecycleHookId"] if rows else None
-
-    def _complete(self, hook: str | None, result: str) -> str:
-        hook_id = self._hook_id(hook)
-        if not hook_id:
-            return f"no lifecycle hook {hook!r} in this node's group"
-        self._as("CompleteLifecycleAction", {"LifecycleHookId": hook_id, "InstanceId": self.instance_id,
-                                             "LifecycleActionResult": result})
-        return f"lifecycle hook {hook}: {result}"
-
-    def protect(self, on: bool) -> None:
-        if not self.instance_id:
-            return
-        try:
-            group = self.group_id()
-            if group:
-                self._as("SetInstancesProtection", {"AutoScalingGroupId": group, "InstanceIds": [self.instance_id],
-                                                    "ProtectedFromScaleIn": on})
-        except (ApiError, OSError) as exc:
-            log.warning("scale-in protection %s for %s failed: %s", "on" if on else "off", self.instance_id, exc)
-
-    def going_away(self) -> str | None:
-        if not self.instance_id:
-            return None
-        try:
-            return reclamation(self.metadata.get(SPOT))
-        except MetadataUnavailable:
-            return None
-
-    def let_go(self) -> None:
-        if not self.instance_id:
-            return
-        try:
-            log.info(self._complete(self.node.get("terminate_hook"), "CONTINUE"))
-        except (ApiError, OSError) as exc:  # a spot reclamation the group has not started terminating
-            log.warning("terminate hook %s not completed: %s", self.node.get("terminate_hook"), exc)
 
     def instance_type(self) -> str | None:
         try:
             return self.metadata.get(INSTANCE_TYPE)
         except MetadataUnavailable:
             return None
-
-    def report_launch(self, ok: bool) -> str:
-        if not self.instance_id:
-            return "not on a Tencent node: no lifecycle hook to complete"
-        return self._complete(self.node.get("launch_hook"), "CONTINUE" if ok else "ABANDON")

@@ -7,7 +7,7 @@ service, "tc3_request"; X-TC-Token for temporary keys); CMQ "Common Request Para
 (Action, Nonce, Timestamp, SecretId, SignatureMethod, Token, sorted into ``POST<host><path>?k=v&...``,
 HMAC then base64; JSON answers with ``code``, ``message``, ``requestId``); and the instance metadata at
 ``http://metadata.tencentyun.com/latest/`` (``meta-data/cam/security-credentials/<role>`` answers
-TmpSecretId, TmpSecretKey, Token, ExpiredTime). The infra's scaler function ships this file too.
+TmpSecretId, TmpSecretKey, Token, ExpiredTime).
 """
 from __future__ import annotations
 
@@ -207,3 +207,44 @@ class Cmq:
         if body.get("code") != 0:
             raise ApiError(body.get("code"), f"cmq {action}: {body.get('message')}")
         return body
+
+
+# --- API 3.0: versions, throttling, error text (CVM, SSM) ------------------------------------------
+
+CVM_VERSION = "2017-03-12"   # Cloud Virtual Machine (RunInstances, DescribeInstances, TerminateInstances)
+SSM_VERSION = "2019-09-23"   # Secrets Manager (GetSecretValue, PutSecretValue)
+THROTTLED = "RequestLimitExceeded"  # the common error code, and its sub-codes (".UinLimitExceeded", ...)
+
+
+def throttled(exc: BaseException) -> bool:
+    """Whether an API answer is the common RequestLimitExceeded (or one of its sub-codes): try again later."""
+    return isinstance(exc, ApiError) and str(exc.code or "").startswith(THROTTLED)
+
+
+def error_message(exc: ApiError) -> str:
+    """The service's own Message of an API 3.0 error, without the "<service> <Action>: " that Api.call adds."""
+    text = str(exc)
+    prefix = f"{exc.code}: "
+    text = text[len(prefix):] if text.startswith(prefix) else text
+    head, sep, rest = text.partition(": ")
+    return rest if sep and len(head.split()) == 2 else text
+
+
+def call_with_backoff(api: "Api", service: str, version: str, action: str, params: dict, *, attempts: int = 8,
+                      base_s: float = 0.5, max_s: float = 10.0, retry_codes: tuple[str, ...] = (),
+                      sleep=time.sleep) -> dict:
+    """``api.call`` again, after a growing pause with jitter, while the answer is throttling (or one of
+    ``retry_codes``) or the connection failed, at most ``attempts`` calls; then the last error is raised.
+    A call that creates something carries its ClientToken, so a repeat after a lost answer creates nothing new."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return api.call(service, version, action, params)
+        except ApiError as exc:
+            if attempt == attempts or not (throttled(exc) or exc.code in retry_codes):
+                raise
+        except OSError:
+            if attempt == attempts:
+                raise
+        delay = min(max_s, base_s * 2 ** (attempt - 1))
+        sleep(delay * (0.5 + random.random() / 2))
+    raise AssertionError("unreachable")

@@ -52,7 +52,7 @@ class JobInfo:
 
 
 def info(environ=os.environ) -> JobInfo:
-    """This job as the agent describes it (GPUFLEET_* variables); defaults for a run off the cluster."""
+    """This job as its node describes it (GPUFLEET_* variables); defaults for a run off the cluster."""
     get = environ.get
     return JobInfo(job_id=get("GPUFLEET_JOB_ID", "local"), attempt=int(get("GPUFLEET_ATTEMPT", "1")),
                    checkpoint_uri=get("GPUFLEET_CHECKPOINT_URI", DEFAULT_CHECKPOINT_URI),

@@ -1,12 +1,12 @@
 """Code bundles: a directory packed by `submit --workdir`, content-addressed in the cluster's store, unpacked
-by the agent into the job's work directory.
+by the job's task (trainer.slurm.task) into the job's work directory on each node.
 
 What is packed: in a git repository, the files git tracks under the directory (their working-tree contents);
 elsewhere every file except those a ``.gpufleetignore`` names (one fnmatch pattern a line, ``#`` comments; a
 pattern matches a path relative to the directory or any of its components). The archive is reproducible
 (sorted, mtime 0, owner root, modes 0644/0755), so the same files give the same SHA-256 of the tar stream, and
 the bundle lives gzipped at ``<store>/code/<sha256>.tar.gz``: a second submit of unchanged files hashes them
-and uploads nothing (compression happens only for an upload). The agent checks the hash after download.
+and uploads nothing (compression happens only for an upload). The task checks the hash after download.
 """
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ def retry(target: Target, job_id: str) -> str:
     queue = open_queue(target.queue_url)
     dlq = open_queue(target.dlq_url) if target.dlq_url else queue.dead_letters()
     removed = remove_dead_letter(dlq, job_id) if dlq else 0
-    if removed and rec["state"] not in ("failed", "cancelled"):  # dead-lettered before any agent could say so
+    if removed and rec["state"] not in ("failed", "cancelled"):  # dead-lettered before the bridge could say so
         rs.update(job_id, lambda r: records.end(r, "failed", None, "dead-lettered", time.time()))
     rec = rs.update(job_id, lambda r: records.retry(r, time.time()))  # refuses a job that is not finished badly
     queue.send(json.dumps({k: v for k, v in rec["spec"].items() if k != "attempts"}))

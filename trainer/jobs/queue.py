@@ -1,16 +1,13 @@
-"""The job queue interface the agent pulls from, its messages, and the registry of the clouds' queues
+"""The job queue interface (submit sends, the bridge receives), its messages, and the registry of the clouds' queues
 (trainer.clouds.<cloud>.open_queue: SQS, Azure Storage queues, TDMQ CMQ)."""
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from trainer.clouds import adapter
 from trainer.errors import UsageError
 
-# SQS caps a message's total time in flight at 12 hours from the receive that handed it out.
-MAX_IN_FLIGHT_S = 12 * 3600
 # Queue URL host suffix -> the trainer.clouds module whose queue it is; any other http(s) URL is SQS's
 # (or an SQS-compatible endpoint such as moto's).
 QUEUE_HOSTS = {".queue.core.windows.net": "azure", ".mqadapter.cmq.tencentyun.com": "tencent",
@@ -23,13 +20,10 @@ class Message:
     body: str
     receipt: str
     receive_count: int
-    received_at: float = field(default_factory=time.time)  # wall clock of the receive (for the 12-hour cap)
 
 
 class JobQueue:
     """At-least-once delivery: a received message stays hidden until deleted or its visibility ends."""
-
-    max_in_flight_s: float = MAX_IN_FLIGHT_S
 
     def receive(self, wait_s: int) -> Message | None:
         raise NotImplementedError
@@ -44,12 +38,8 @@ class JobQueue:
     def delete(self, msg: Message) -> None:
         raise NotImplementedError
 
-    def fail(self, msg: Message) -> None:
-        """The job failed for real (or is invalid): leave it to redelivery and the dead-letter queue. SQS and
-        Azure redeliver by themselves once the visibility ends; a queue that cannot (TDMQ CMQ) acts here."""
-
     def dead_letter(self, msg: Message, reason: str) -> None:
-        """Move the message to the queue's dead-letter queue now (a job out of retries, or invalid): SQS the
+        """Move the message to the queue's dead-letter queue now (an invalid job): SQS the
         RedrivePolicy's target, Azure ``<queue>-poison``, TDMQ CMQ ``<queue>-dead``."""
         raise NotImplementedError
 

@@ -7,7 +7,8 @@ A record: ``{"job_id", "kind", "spec" (the job's message), "state", "reason", "c
 The states and what moves a job between them are pure functions of a record (:data:`TRANSITIONS`, :func:`claim`,
 :func:`end`, :func:`cancel`, :func:`retry`, :func:`with_progress`). :class:`RecordStore` applies them with the
 store's conditional writes (read with the version, write only if it is still that version, retry on a
-Conflict), so the agent, a second agent and the user's `cancel` never lose each other's update.
+Conflict), so the bridge, the task of a job's node rank 0 (its progress) and the user's `cancel` never lose each
+other's update.
 
 An index makes `jobs list` one read per shard instead of one per job: after each record write the writer puts
 the record (without its spec) into ``jobs-index/<shard>.json`` (``INDEX_SHARDS`` shards by a hash of the id,
@@ -32,9 +33,8 @@ log = logging.getLogger("gpufleet.records")
 
 STATES = ("queued", "running", "preempted", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-# state -> the states it may move to. queued again: an attempt handed back (or a failure within its retries);
-# preempted: an attempt stopped by its node going away, the job waits for the next one; failed/cancelled ->
-# queued: `retry`.
+# state -> the states it may move to. queued again: a failure within its retries; preempted: an attempt stopped by
+# its node going away, the job waits for the next one; failed/cancelled -> queued: `retry`.
 TRANSITIONS = {
     "queued": {"running", "cancelled", "failed"},
     "running": {"queued", "preempted", "succeeded", "failed", "cancelled"},
@@ -43,7 +43,7 @@ TRANSITIONS = {
     "failed": {"queued"},
     "cancelled": {"queued"},
 }
-REASONS = ("preemption", "failure", "timeout", "cancel", "hand-back", "lost", "dead-lettered")  # of an attempt
+REASONS = ("preemption", "failure", "timeout", "cancel", "lost", "dead-lettered")  # of an attempt
 PROGRESS_FIELDS = ("step", "total", "loss", "samples_per_s", "gpu_util")
 PROGRESS_EVERY_S = 30.0
 MAX_TRIES = 50  # read-modify-write cycles before a contended update gives up
@@ -115,7 +115,7 @@ def end(rec: dict, outcome: str, exit_status: int | None, reason: str | None, no
 
 def cancel(rec: dict, now: float) -> tuple[dict, str]:
     """(the record after a user's cancel, what happened): a waiting job is cancelled at once; a running one gets
-    cancel_requested (its agent stops it and marks it cancelled); a finished one is unchanged."""
+    cancel_requested (the bridge cancels it in Slurm and marks it cancelled); a finished one is unchanged."""
     if rec["state"] in TERMINAL:
         return rec, f"job {rec['job_id']} has already {'been ' if rec['state'] == 'cancelled' else ''}" \
                     f"{rec['state']}; nothing changed"
@@ -177,9 +177,8 @@ class UnknownJob(UsageError):
 
 
 class RecordStore:
-    """The records of one store (the stack's bucket). What the agent calls: :meth:`claimed`, :meth:`progress`,
-    :meth:`ended`, :meth:`cancel_requested`; what submit and the commands call: :meth:`create`, :meth:`get`,
-    :meth:`update`, :meth:`all`."""
+    """The records of one store (the stack's bucket): :meth:`create`, :meth:`get`, :meth:`update`, :meth:`all`
+    (submit, the bridge and the commands) and :meth:`progress` (a job's task, while it runs)."""
 
     def __init__(self, store: Store, progress_every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.time):
         self.store = store
@@ -267,11 +266,24 @@ class RecordStore:
         except FileNotFoundError:
             return None
 
-    # --- what the agent calls ---------------------------------------------------------------------
+    # --- progress, from the job's node -----------------------------------------------------------------
+
+    def progress(self, job_id: str, progress: dict) -> bool:
+        """The job's latest progress (step, total, loss, samples_per_s, gpu_util), written at most once every
+        ``progress_every_s`` per job; True when written."""
+        now = self.clock()
+        with self._lock:
+            if now - self._last_progress.get(job_id, float("-inf")) < self.progress_every_s:
+                return False
+            self._last_progress[job_id] = now
+        self.update(job_id, lambda rec: with_progress(rec, progress, now))
+        return True
+
+    # --- the queue agent's calls: only tests/infra/test_jobs_cli.py still sets records up with them (issue 22: they
+    # go once it uses claim/end through update, as the bridge does) ----------------------------------------------
 
     def claimed(self, job_id: str, attempt: dict, spec: dict | None = None) -> int | None:
-        """This node (gang: its head) starts an attempt of the job: the attempt's number, to run it; None when
-        the job was cancelled (delete its message) or has succeeded already (a duplicate delivery)."""
+        """An attempt of the job starts: its number; None when the job was cancelled or has succeeded already."""
         now = self.clock()
         number = None
 
@@ -287,21 +299,8 @@ class RecordStore:
         self.update(job_id, fn, missing=(lambda: new_record(spec, now)) if spec else None)
         return number
 
-    def progress(self, job_id: str, progress: dict) -> bool:
-        """The job's latest progress (step, total, loss, samples_per_s, gpu_util), written at most once every
-        ``progress_every_s`` per job; True when written."""
-        now = self.clock()
-        with self._lock:
-            if now - self._last_progress.get(job_id, float("-inf")) < self.progress_every_s:
-                return False
-            self._last_progress[job_id] = now
-        self.update(job_id, lambda rec: with_progress(rec, progress, now))
-        return True
-
     def ended(self, job_id: str, outcome: str, exit_status: int | None = None, reason: str | None = None) -> dict:
-        """The attempt ended and the job is now ``outcome``: succeeded, failed (reason: failure, timeout, ...),
-        preempted (waits for its next attempt), queued (handed back, or a failure within its retries) or
-        cancelled. A record already finished (a cancel that won) is left as it is."""
+        """The attempt ended and the job is now ``outcome``; a record already finished is left as it is."""
         now = self.clock()
         with self._lock:
             self._last_progress.pop(job_id, None)

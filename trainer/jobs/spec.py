@@ -1,4 +1,4 @@
-"""The job spec: one versioned JSON Schema (job.schema.json beside this file) that submit, the agent and the
+"""The job spec: one versioned JSON Schema (job.schema.json beside this file) that submit, the bridge and the
 docs share, and the checks a schema cannot make (train's own flags, secrets written inline, the stack's size).
 
 Version 1: ``{"spec": 1, "job_id", "kind": "trainer"|"image"|"code", "args" | "image"+"command" |
@@ -28,9 +28,6 @@ SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|A
 # A job's argv and environment travel on an exec: Linux caps one string at 128 KiB (MAX_ARG_STRLEN) and all of
 # them with the node's environment at far less than ARG_MAX on a busy node; a job stays well below.
 MAX_ARGS_BYTES = 96 * 1024
-# The attempt history a hand-back carries forward (the newest kept), so a message never outgrows the queue.
-MAX_ATTEMPTS_KEPT = 100
-ATTEMPT_OUTCOMES = ("preempted", "handed back", "failed", "timeout")
 
 
 @lru_cache(maxsize=1)
@@ -60,7 +57,7 @@ class Job:
     env: dict = field(default_factory=dict)
     timeout: int | None = None
     retries: dict = field(default_factory=lambda: {"on_error": 0, "on_exit_codes": []})
-    attempts: tuple[dict, ...] = ()  # earlier attempts that ended without finishing (see with_attempt)
+    attempts: tuple[dict, ...] = ()  # earlier attempts a message carries: its first attempt number follows them
     array: dict | None = None  # a sweep's member: {"id", "nonce", "index", "count"} (one Slurm job array)
 
     def to_dict(self) -> dict:
@@ -82,26 +79,13 @@ class Job:
         return json.dumps(self.to_dict())
 
 
-def with_attempt(body: str, attempt: dict) -> str:
-    """A job message's body with one more entry in its "attempts" history (the newest MAX_ATTEMPTS_KEPT kept).
-
-    An entry: {"n", "outcome" (one of ATTEMPT_OUTCOMES), "exit_status", "node", "message_id", "started", "ended",
-    "step"}; "n" counts every attempt, kept or not. Every other key of the body is kept as it is.
-    """
-    raw = json.loads(body)
-    attempts = list(raw.get("attempts") or [])
-    n = (attempts[-1].get("n", len(attempts)) if attempts else 0) + 1
-    raw["attempts"] = (attempts + [{"n": n, **attempt}])[-MAX_ATTEMPTS_KEPT:]
-    return json.dumps(raw)
-
-
 FAILURES = ("failed", "timeout")  # the outcomes that count against retries.on_error
 
 
 def retry_decision(retries: dict, attempts: tuple[dict, ...] | list[dict], exit_status: int) -> tuple[bool, str]:
     """Whether a failed attempt (``exit_status``) is tried again, and why, from the job's retries and its attempt
     history. An exit status in on_exit_codes always retries and never counts; every other failure or timeout
-    counts against on_error; preemptions and hand-backs never count."""
+    counts against on_error; preemptions never count."""
     codes = set(retries.get("on_exit_codes") or ())
     if exit_status in codes:
         return True, f"exit status {exit_status} is in retries.on_exit_codes"
@@ -155,7 +139,7 @@ def _message(error, raw: dict) -> str:
     if error.validator == "propertyNames" or (error.absolute_path and error.absolute_path[0] == "env"
                                               and error.validator in ("not", "pattern")):
         return (f"env: {error.instance!r} is not an allowed variable name; expected letters, digits and '_', "
-                "not starting with a digit or GPUFLEET_ (the agent's)")
+                "not starting with a digit or GPUFLEET_ (gpufleet's own)")
     if where == "job_id" and error.validator in ("pattern", "type"):
         try:
             check_job_id(error.instance)

@@ -126,7 +126,7 @@ def parser() -> ArgumentParser:
     kind.add_argument("--workdir", metavar="DIR", help="pack DIR as a code bundle and run ARGV in it")
     kind.add_argument("--trainer", action="store_true", help="run the built-in trainer, ARGV its flags (default)")
     p.add_argument("--job-id", help="job id (default: job-<UTC time>); with --sweep, the prefix of every id")
-    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the job (gang mode; default 1)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the job (default 1)")
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs per node (default: all of the node's)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in the job (repeatable)")
     p.add_argument("--env-from", action="append", default=[], metavar="KEY=ssm:NAME",

@@ -10,8 +10,7 @@ A checkpoint exists only once its manifest does, so a crash mid-save leaves noth
 Any manifest not of exactly that shape is corrupt (a warning, and the previous checkpoint is used); a
 manifest or part that does not check out is read again (READS times) before it is called corrupt, since a
 short or failed read is a fault of the transfer. When every checkpoint is corrupt, `latest` refuses
-(NoValidCheckpoint) rather than start over. An optional `fence` (trainer.loop.lease) is checked before the
-parts are written and before every commit, so a superseded writer cannot commit over a newer one. A
+(NoValidCheckpoint) rather than start over. One writer at a time: the scheduler runs one attempt of a job at a time. A
 whole-state save needs room for one checkpoint (`check_room`; the older go only after the commit).
 Loading checks every part (format 1: size and SHA-256; format 2: every shard present); a corrupt newest
 checkpoint is skipped with a warning and the previous one is used. After each commit only the newest
@@ -129,7 +128,6 @@ class Checkpointer:
     def __init__(self, store: Store, keep: int) -> None:
         self.store = store
         self.keep = keep
-        self.fence = None  # a callable that raises when this runner no longer owns the location
 
     def probe(self) -> None:
         """Write, read back and delete a marker, so that a location that cannot hold checkpoints is
@@ -161,7 +159,6 @@ class Checkpointer:
         ``before_commit`` runs once the parts are written, before the manifest: what it records is never
         lost to a kill after the commit. A full disk removes this step's parts and raises Fault.
         """
-        self.check_fence()
         try:
             with ThreadPoolExecutor(max_workers=len(parts)) as pool:
                 written = {name: pool.submit(self._put, f"{step_name(step)}/{name}", obj)
@@ -189,13 +186,8 @@ class Checkpointer:
         return Fault(f"checkpoint of step {step}: no space left at {self.store.uri} (needs about {_mib(needed)} "
                      "MiB); the older checkpoints are intact")
 
-    def check_fence(self) -> None:
-        if self.fence:
-            self.fence()
-
     def commit(self, step: int, parts: dict[str, dict], fmt: int, **extra) -> None:
         """Write the manifest of parts already in the store (the commit), then drop old checkpoints."""
-        self.check_fence()
         manifest = {"format": fmt, "step": step, "time": time.time(), **extra, "parts": parts}
         self.store.write_bytes(f"{step_name(step)}.json", json.dumps(manifest, indent=1).encode())
         self._prune(step)
@@ -319,7 +311,7 @@ class Checkpointer:
 
     def clean_leftovers(self) -> list[str]:
         """What killed writers left: temporary files, and parts of uncommitted steps older than the newest
-        commit (a kill during a save or a prune). Call it holding the lease: no other writer is live."""
+        commit (a kill during a save or a prune). Call it as the location's only writer (the run's rank 0)."""
         removed = self.store.clean_leftovers()
         steps = self.steps()
         if steps:

@@ -35,7 +35,7 @@ def start_watchers(notice: StopNotice, settings: dict) -> list[threading.Thread]
 
     Only a cloud node (node.json names its cloud) or an explicit metadata endpoint variable starts one
     (trainer.clouds.node_cloud): off a cloud no metadata address is contacted. AWS: the IMDS watcher (spot
-    instance-action, autoscaling lifecycle state); Azure: the Scheduled Events watcher.
+    instance-action); Azure: the Scheduled Events watcher; Tencent: the spot reclamation watcher.
     """
     cloud = node_cloud(settings)
     if cloud is None:

@@ -179,7 +179,7 @@ class ShardedCheckpoints:
         """Save `state` as step `step`; returns the seconds training was held up (waiting for the save in
         flight, staging, and for a foreground save the whole write). ``before_commit`` runs on the coordinator
         once every shard is written, before the manifest. A full disk removes this step's shards and raises
-        Fault (one line), as whole-file saves do; the lease fence is checked at the commit."""
+        Fault (one line), as whole-file saves do."""
         began = time.perf_counter()
         self.wait()
         world = dist.get_world_size(self.group) if self.group is not None else 1

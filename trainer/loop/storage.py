@@ -32,7 +32,7 @@ class Conflict(Exception):
 
 
 class Store:
-    """The store API the trainer, agent and Azure adapter share."""
+    """The store API the trainer, the job records, the code bundles and the clouds' adapters share."""
 
     uri: str
 
@@ -73,10 +73,6 @@ class Store:
         Conflict when it is not."""
         raise NotImplementedError
 
-    def create(self, key: str, data: bytes) -> None:
-        """Write key only if it does not exist yet (atomically); raises FileExistsError if it does."""
-        raise NotImplementedError
-
     def free_bytes(self) -> int | None:
         """Room left for new keys where the store has a limit (a local disk), else None."""
         return None
@@ -99,7 +95,7 @@ class LocalStore(Store):
             raise ValueError(f"key {key!r} escapes the store root {self.root}")
         return path
 
-    def _atomic_write(self, key: str, copy, exclusive: bool = False) -> None:
+    def _atomic_write(self, key: str, copy) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -109,10 +105,7 @@ class LocalStore(Store):
                 copy(out)
                 out.flush()
                 os.fsync(out.fileno())
-                if exclusive:
-                    os.link(tmp, path)  # FileExistsError if the key exists; the temporary name goes below
-                else:
-                    os.replace(tmp, path)
+                os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
 
@@ -176,9 +169,6 @@ class LocalStore(Store):
                 raise Conflict(f"{self.uri}/{key}: at version {current}, not {version}")
             self.write_bytes(key, data)
         return hashlib.sha256(data).hexdigest()
-
-    def create(self, key: str, data: bytes) -> None:
-        self._atomic_write(key, lambda out: out.write(data), exclusive=True)
 
     def free_bytes(self) -> int | None:
         existing = next((p for p in (self.root, *self.root.parents) if p.exists()), self.root)

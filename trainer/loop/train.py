@@ -27,7 +27,6 @@ from trainer.errors import Fault, UsageError
 from trainer.loop import flops, parallel
 from trainer.loop.checkpoint import FORMAT, Checkpointer, NoValidCheckpoint, from_bytes, to_bytes
 from trainer.loop.config import TrainConfig, resume_changes
-from trainer.loop.lease import Lease
 from trainer.loop.data import DataStream, StreamBatches, build_dataset, build_model, open_stream
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.notices import start_watchers
@@ -148,8 +147,8 @@ class Trainer:
         Whole files: rank 0 writes them and every rank waits for the commit. Sharded: every rank writes its
         shard, in the background if asked (after any save in flight). Returns the seconds training was held up.
         ``before_commit`` runs once on every rank; on rank 0 after the parts (or every rank's shards) are
-        written, before the commit (a background save runs it once staged). A runner the lease fenced stops
-        on every rank before anything is written; a save the store has no room for, before the parts.
+        written, before the commit (a background save runs it once staged). A save the store has no room for
+        stops on every rank before anything is written.
         """
         began = time.perf_counter()
         rngs = [from_bytes(b) for b in all_gather_bytes(to_bytes(rng_state(self.ranks.device)), self.ranks)]
@@ -189,13 +188,11 @@ class Trainer:
         return time.perf_counter() - began
 
     def check_before_save(self, room) -> None:
-        """On rank 0, which holds the location's lease: whether a newer runner took the location over, and
-        ``room()`` (whether the save fits). Every rank learns the answer, so every rank stops with the same
-        one line (Fault) before anything is written."""
+        """On rank 0, which writes the location: ``room()`` (whether the save fits). Every rank learns the answer,
+        so every rank stops with the same one line (Fault) before anything is written."""
         problem = None
         if self.ranks.rank == 0:
             try:
-                self.checkpoints.check_fence()
                 room()
             except Fault as exc:
                 problem = exc
@@ -496,12 +493,8 @@ def run(cfg: TrainConfig, ranks: Ranks, notice: StopNotice) -> int:
 
 
 def take_location(checkpoints: Checkpointer, model: torch.nn.Module) -> None:
-    """Rank 0 owns the checkpoint location: take its lease (a superseded runner is fenced at its next save),
-    clean what killed writers left, and check before step 1 that a save will have room (about the model
-    and AdamW's two moments when there is no checkpoint yet)."""
-    lease = Lease(checkpoints.store)
-    lease.acquire()
-    checkpoints.fence = lease.check
+    """Rank 0 owns the checkpoint location: clean what killed writers left, and check before step 1 that a save
+    will have room (about the model and AdamW's two moments when there is no checkpoint yet)."""
     checkpoints.clean_leftovers()
     checkpoints.check_room(estimate=3 * sum(t.numel() * t.element_size() for t in model.state_dict().values()))
 

@@ -3,7 +3,7 @@
 The CloudWatch agent ships the lines to the log group ``/gpufleet/<stack>``, where CloudWatch
 extracts the metrics into the namespace ``gpufleet/<stack>`` (the one the node's IAM policy allows).
 Names, units and dimensions come from :mod:`trainer.node.metric_names`, which the stack's dashboard and
-alarms read too. The agent samples GPU utilisation once a minute for as long as it runs, busy or idle,
+alarms read too. A job's task (trainer.slurm.task) samples GPU utilisation once a minute while it runs,
 summarises the train run's ``--metrics-file`` once a minute (throughput, step time, data-wait share, tokens/s
 on all GPUs and per GPU, MFU, peak GPU memory, checkpoint seconds) and records events: preemptions, steps lost.
 """
@@ -139,8 +139,7 @@ class _Every:
 
 
 class GpuSampler(_Every):
-    """Emits this node's GPU utilisation once per interval while the agent runs, with or without a job:
-    the idle-GPU alarm needs measurements of idle GPUs, not silence (nothing without GPUs)."""
+    """Emits this node's GPU utilisation once per interval while it runs, busy or idle (nothing without GPUs)."""
 
     thread_name = "emf-gpu"
 

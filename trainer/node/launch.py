@@ -1,7 +1,7 @@
 """`python -m trainer.node.launch <torchrun flags> -m trainer train ...`: torchrun that keeps exit status 75.
 
-torchrun exits 1 whenever a worker exits non-zero; the agent needs to tell a preemption (the
-workers saved a checkpoint and exited 75) from a failure, so this passes the first failure's 75
+torchrun exits 1 whenever a worker exits non-zero; the job's task and Slurm (RequeueExit=75) need to tell a
+preemption (the workers saved a checkpoint and exited 75) from a failure, so this passes the first failure's 75
 back, and a worker ended by SIGTERM (before train handles it) as 143, like a shell.
 
 torchrun also answers a SIGTERM to itself by tearing its workers down and exiting 1, however they

@@ -25,10 +25,19 @@ TOKENS_PER_S = "TokensPerSecond"
 TOKENS_PER_S_PER_GPU = "TokensPerSecondPerGPU"
 MFU = "MFU"
 PEAK_GPU_MEMORY = "PeakGPUMemory"
+# The controller's gauges (the bridge, from Slurm's own state), published without dimensions.
+PENDING_ALARM_S = 3600  # a job pending longer than this counts in PENDING_OVER_AN_HOUR
+JOBS_PENDING = "JobsPending"
+JOBS_RUNNING = "JobsRunning"
+PENDING_OVER_AN_HOUR = "JobsPendingOverAnHour"
+NODES_UP = "NodesUp"
+NODES_FAILED_TO_RESUME = "NodesFailedToResume"
 UNITS = {
     GPU_UTILIZATION: "Percent", THROUGHPUT: "Count/Second", STEP_TIME: "Seconds", DATA_WAIT_SHARE: "Percent",
     STEPS: "Count", CHECKPOINT_SECONDS: "Seconds", PREEMPTIONS: "Count", STEPS_LOST: "Count",
     TOKENS_PER_S: "Count/Second", TOKENS_PER_S_PER_GPU: "Count/Second", MFU: "Percent", PEAK_GPU_MEMORY: "Megabytes",
+    JOBS_PENDING: "Count", JOBS_RUNNING: "Count", PENDING_OVER_AN_HOUR: "Count", NODES_UP: "Count",
+    NODES_FAILED_TO_RESUME: "Count",
 }
 
 

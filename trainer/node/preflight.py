@@ -1,9 +1,10 @@
-"""`python -m trainer preflight`: check a new node's hardware before it takes jobs.
+"""`python -m trainer preflight`: check this node's hardware against its instance type's row in node.json.
 
 Checks GPU count against the instance type, EFA devices against what the launch template
 attaches, the NVIDIA fabric manager on NVSwitch types, and the NCCL network plugin on EFA types.
-Then it completes the group's launch lifecycle hook (CONTINUE or ABANDON) and marks a failing
-instance Unhealthy. Each check prints its finding. The probe is injectable: the logic needs no GPU.
+Each check prints its finding; the exit status is 0 when all pass, 1 otherwise. A Slurm node runs the same
+checks against its Slurm definition as its health check (trainer.slurm.nodes.health), which drains a node
+that fails. The probe is injectable: the logic needs no GPU.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.node import node_schema
-from trainer.node.platform import Platform, open_platform
+from trainer.node.platform import open_platform
 
 log = logging.getLogger("gpufleet.preflight")
 
@@ -104,14 +105,13 @@ def check(expected: dict, probe) -> list[Finding]:
     return findings
 
 
-def main(argv: list[str] | None = None, probe=None, platform: Platform | None = None) -> int:
+def main(argv: list[str] | None = None, probe=None) -> int:
     p = ArgumentParser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
     p.add_argument("--node-json", default=NODE_JSON, help="node settings (default %(default)s)")
     p.add_argument("--instance-type", help="default: from the instance metadata")
     args = p.parse_args(argv)
     node = node_schema.load(args.node_json)
-    platform = platform or open_platform(node)
-    instance_type = args.instance_type or platform.instance_type()
+    instance_type = args.instance_type or open_platform(node).instance_type()
     if not instance_type:
         raise UsageError("--instance-type: required off a cloud node (no instance metadata)")
     types = node.get("instance_types", {})
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None, probe=None, platform: Platform | None = 
         print(f.line())
     ok = all(f.ok for f in findings)
     print(f"preflight {'passed' if ok else 'FAILED'} on {instance_type}")
-    print(platform.report_launch(ok))
     return 0 if ok else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ Nodes pull job images from the stack's registry with the node's own identity (no
 `docker login` into a shared config): the platform (trainer.node.platform) turns the identity into docker
 credentials for the image's registry host (AWS: ECR GetAuthorizationToken through the instance role; Azure:
 the managed identity's token exchanged for an ACR refresh token), cached until shortly before they expire.
-The agent writes them into a directory of the job's own (0700, ``config.json`` with ``auths``), points
+The job's task writes them into a directory of the job's own (0700, ``config.json`` with ``auths``), points
 ``DOCKER_CONFIG`` of the job's docker commands at it and removes it when the container has exited.
 
 The derivations (:func:`image_host`, :func:`ecr_region`, :func:`is_acr`, :func:`docker_config`,

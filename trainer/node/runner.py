@@ -4,9 +4,9 @@ or the built-in trainer, and the stop contract.
 The environment of every job (DESIGN.md): GPUFLEET_JOB_ID, GPUFLEET_ATTEMPT, GPUFLEET_CHECKPOINT_URI (the job's
 own prefix), GPUFLEET_NNODES, GPUFLEET_NODE_RANK, GPUFLEET_NPROC_PER_NODE, GPUFLEET_RDZV_ENDPOINT (head:port)
 and GPUFLEET_STOP_FILE, plus the job's own env and the node's NCCL settings (/etc/gpufleet/container.env in a
-container; the agent's environment, which systemd reads from /etc/gpufleet/nccl.env, for a code bundle).
+container; the task's environment, which slurmd passes on, for a code bundle).
 
-The stop contract: on a stop notice, a terminate lifecycle action, a cancel or the timeout, the job gets SIGTERM
+The stop contract: on a stop notice (a requeue), a cancel or the time limit, the job gets SIGTERM
 (a container through ``docker stop`` with a grace that fits the notice, then SIGKILL; a code bundle's process
 group, SIGKILL after the same grace) and the stop file appears (in a container ``/gpufleet/stop``). Exit 75
 means "checkpointed, requeue me now"; 0 done; anything else a failure.
@@ -31,8 +31,7 @@ STOP_FILE = "stop"
 CONTAINER_ENV_FILE = "/etc/gpufleet/container.env"
 SCRATCH = "/mnt/scratch"
 # Seconds from SIGTERM to SIGKILL. A spot notice comes 2 minutes ahead on AWS (the watcher polls every 2 s) and
-# at least 30 s ahead on Azure (Scheduled Events Preempt); a cancel, the timeout or the in-flight limit leave
-# time up to the agent unit's TimeoutStopSec (300 s).
+# at least 30 s ahead on Azure (Scheduled Events Preempt); otherwise DEFAULT_GRACE_S.
 NOTICE_GRACE_S = {"aws": 100, "azure": 20}
 DEFAULT_GRACE_S = 240
 
@@ -58,9 +57,10 @@ def node_facts(node: dict, instance_type: str | None, gpus_found: int) -> NodeFa
     return NodeFacts(node.get("cloud"), gpus_found, int(row.get("efa", 0)), int(row.get("infiniband_gbps", 0)) > 0)
 
 
-def stop_grace(cloud: str | None, notice: bool) -> int:
-    """Seconds a stopping job has from SIGTERM to SIGKILL: what the cloud's notice leaves, else the default."""
-    return NOTICE_GRACE_S.get(cloud, DEFAULT_GRACE_S) if notice else DEFAULT_GRACE_S
+def stop_grace(cloud: str | None) -> int:
+    """Seconds a stopping job has from SIGTERM to SIGKILL: what the cloud's notice leaves, else the default (a stop
+    may be a notice's requeue: Slurm's SIGTERM does not say)."""
+    return NOTICE_GRACE_S.get(cloud, DEFAULT_GRACE_S)
 
 
 def job_environment(job_id: str, attempt: int, checkpoint_uri: str, nnodes: int, node_rank: int, nproc: int,
@@ -105,7 +105,7 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
 
 
 def code_environment(base: dict[str, str], job_env: dict[str, str], python_bin: str) -> dict[str, str]:
-    """A code bundle's environment: the agent's (the node's NCCL settings included), the node image's Python first
+    """A code bundle's environment: the task's (the node's NCCL settings included), the node image's Python first
     on PATH (so `python` and `torchrun` are the image's), then the job's."""
     path = os.pathsep.join(filter(None, [python_bin, base.get("PATH", os.defpath)]))
     return {**base, "PATH": path, **job_env}
@@ -130,13 +130,6 @@ class Running:
     def stop(self, grace_s: int) -> None:
         raise NotImplementedError
 
-    def kill(self) -> None:
-        """SIGKILL what is left of the attempt (its process group)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
 
 class TrainerRun(Running):
     """The built-in trainer (torchrun through trainer.node.launch, or one process): its own handler checkpoints."""
@@ -154,15 +147,6 @@ class TrainerRun(Running):
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-
-    def kill(self) -> None:
-        """SIGKILL torchrun's workers (each in its own session) and the launcher's group."""
-        for pid in children(self.proc.pid) if self.workers else []:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        super().kill()
 
 
 class ProcessGroupRun(Running):
@@ -222,10 +206,6 @@ class ContainerRun(Running):
                               capture_output=True, text=True)
         if done.returncode != 0 and self.proc.poll() is None:
             log.warning("docker stop %s: %s", self.name, done.stderr.strip())
-
-    def kill(self) -> None:
-        subprocess.run(["docker", "kill", self.name], env=self.docker_env, capture_output=True)
-        super().kill()
 
 
 def children(pid: int) -> list[int]:

@@ -1,10 +1,9 @@
-"""What the agent tells the outside world about a running attempt: its output, shipped to the bucket
-(trainer.jobs.logs), and, on the node that owns the job's message, its record (trainer.jobs.records): progress
-at a bounded rate and whether the user asked to cancel it.
+"""What a job's task (trainer.slurm.task) tells the outside world about a running attempt: each node's output,
+shipped to the bucket (trainer.jobs.logs), and, from node rank 0, the job's progress in its record
+(trainer.jobs.records) at a bounded rate.
 
 Everything here is best-effort for the job: a record or log write that fails is logged and the job goes on
-(its output stays in the local file and is shipped at the next try). Only a cancel depends on a read here;
-a failed read is tried again at the next poll.
+(its output stays in the local file and is shipped at the next try).
 """
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from pathlib import Path
 from trainer.jobs.logs import LogShipper
 from trainer.jobs.records import RecordStore, with_progress
 
-log = logging.getLogger("gpufleet.agent")
+log = logging.getLogger("gpufleet.tracking")
 
-CANCEL_POLL_S = 2.0  # how often a running job's record is read for a cancel (cancel to SIGTERM, at most)
+POLL_S = 2.0  # how often the metrics file is read (the record store writes progress at most every 30 s)
 
 
 def last_metrics(path: str | Path) -> dict | None:
@@ -48,8 +47,8 @@ def progress_of(record: dict, total: int | None, gpu_util: float | None) -> dict
 
 
 class Output:
-    """The attempt's stdout and stderr: each still goes where the agent's own goes, and both are appended to
-    one local file that a LogShipper sends to the bucket while the job runs."""
+    """The attempt's stdout and stderr: each still goes where the task's own goes (Slurm's output file), and both
+    are appended to one local file that a LogShipper sends to the bucket while the job runs."""
 
     def __init__(self, records: RecordStore, job_id: str, attempt: int, node: str, path: Path):
         self.path = path
@@ -94,14 +93,13 @@ class Output:
 
 
 class Tracking:
-    """While the owner's attempt runs: progress into the record at most every ``progress_every_s`` (the record
-    store's limit) and a cancel poll every ``poll_s``; ``on_cancel`` is called once when the user cancels."""
+    """While the attempt runs: its progress (the metrics file, read every ``poll_s``) into the record at most every
+    ``progress_every_s`` (the record store's limit)."""
 
-    def __init__(self, records: RecordStore, job_id: str, metrics: str | None, total: int | None, on_cancel,
-                 poll_s: float = CANCEL_POLL_S, gpu_util=lambda: None):
+    def __init__(self, records: RecordStore, job_id: str, metrics: str | None, total: int | None,
+                 poll_s: float = POLL_S, gpu_util=lambda: None):
         self.records, self.job_id, self.metrics, self.total = records, job_id, metrics, total
-        self.on_cancel, self.poll_s, self.gpu_util = on_cancel, poll_s, gpu_util
-        self.cancelled = False
+        self.poll_s, self.gpu_util = poll_s, gpu_util
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-record", daemon=True)
 
@@ -112,15 +110,11 @@ class Tracking:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
-                if not self.cancelled and self.records.cancel_requested(self.job_id):
-                    self.cancelled = True
-                    log.warning("job %s: cancelled by the user; stopping it at a checkpoint", self.job_id)
-                    self.on_cancel()
                 newest = last_metrics(self.metrics) if self.metrics else None
                 if newest:
                     self.records.progress(self.job_id, progress_of(newest, self.total, self.gpu_util()))
             except Exception as exc:  # the bucket away for a moment: the job goes on
-                log.warning("job %s: its record could not be read or updated (%s)", self.job_id, exc)
+                log.warning("job %s: its record could not be updated (%s)", self.job_id, exc)
 
     def close(self) -> None:
         """Stop polling; the attempt's last progress is written whatever the rate limit (the record's end)."""

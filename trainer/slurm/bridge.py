@@ -12,7 +12,13 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
   an exit status in ``on_exit_codes`` always retries), each resubmission with its own key;
 - a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
 - jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch");
-- an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job.
+- an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job;
+- once a minute, the jobs' gauges the stack's alarms and dashboard read (:func:`job_gauges`: pending, running,
+  pending for over an hour) as EMF records in the file GPUFLEET_EMF_LOG names ("-": standard output, where the
+  controller's unit appends it to /var/log/gpufleet/controller-metrics.log for the CloudWatch agent).
+
+Nodes are not the bridge's: it runs as an unprivileged user, and powering a node down needs Slurm's
+administrator. ``python -m trainer nodes heal`` (trainer.slurm.nodes) does that, as the slurm user.
 """
 from __future__ import annotations
 
@@ -24,12 +30,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import records as rc
 from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.jobs.spec import JOB_ID, Job, parse_job, retry_decision, validate
+from trainer.node import metric_names, node_schema
 from trainer.slurm import batch, client
 from trainer.slurm.client import SlurmError, SlurmJob
 from trainer.slurm.states import lifecycle
@@ -40,7 +48,7 @@ ARRAY_WAIT_S = 60.0   # a sweep whose members do not all arrive within this runs
 SYNC_EVERY_S = 1.0
 MIRROR_PREFIX = "slurm-"
 CANCEL_POLL_S = 2.0
-HEAL_EVERY_S = 5.0
+GAUGES_EVERY_S = 60.0  # how often the controller's gauges are published
 ACCOUNTING_EVERY_S = 30.0  # how often jobs gone from squeue are looked up in accounting
 HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays hidden this long
 
@@ -62,11 +70,34 @@ def failures_counted(attempts: list[dict], since: int) -> list[dict]:
     return out
 
 
+# Pending by request, not for want of a node: not counted among the jobs pending too long (they still are pending).
+WAITING_BY_REQUEST = ("Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin")
+
+
+def job_gauges(jobs: list[SlurmJob], now: float) -> dict[str, float]:
+    """The controller's job gauges from squeue's jobs (each element of an array counted): pending (PENDING);
+    running (RUNNING, or CONFIGURING while its nodes power up); pending longer than PENDING_ALARM_S, from Slurm's
+    submit time (a requeued job's counts from its requeue), unless it waits by request (a dependency, a begin
+    time, a hold)."""
+    pending = running = old = 0
+    for j in jobs:
+        if j.state == "PENDING":
+            pending += j.tasks
+            if (j.submit_time is not None and now - j.submit_time > metric_names.PENDING_ALARM_S
+                    and j.reason not in WAITING_BY_REQUEST):
+                old += j.tasks
+        elif j.state in ("RUNNING", "CONFIGURING"):
+            running += j.tasks
+    return {metric_names.JOBS_PENDING: float(pending), metric_names.JOBS_RUNNING: float(running),
+            metric_names.PENDING_OVER_AN_HOUR: float(old)}
+
+
 class Bridge:
     def __init__(self, queue: JobQueue, recs: RecordStore, site: batch.Site, slurm=client,
-                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S):
+                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S, emitter=None):
         self.queue, self.records, self.site, self.slurm = queue, recs, site, slurm
         self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
+        self.emitter = emitter                # the gauges' EMF emitter (trainer.node.emf.Emitter), or None
         self.gathering: dict[str, _Gathering] = {}
         self.known: dict[str, str] = {}       # Slurm job id -> record job id
         self.seen: dict[str, tuple] = {}      # Slurm job id -> the state last applied
@@ -74,7 +105,9 @@ class Bridge:
         self.cancelling: set[str] = set()     # Slurm job ids scancel was sent for
         self._cancelled: set[str] = set()
         self.final: set[str] = set()          # Slurm job ids Slurm is done with (nothing more to read)
-        self._last_sync = self._last_cancel_poll = self._last_heal = self._last_accounting = 0.0
+        self.listed: list[SlurmJob] | None = None  # the jobs squeue listed at the last sync
+        self._last_sync = self._last_cancel_poll = self._last_accounting = 0.0
+        self._last_gauges: float | None = None
 
     # --- the loop ---------------------------------------------------------------------------------------------
 
@@ -93,9 +126,7 @@ class Bridge:
             if self.clock() - self._last_sync >= SYNC_EVERY_S:
                 self.sync()
                 self._last_sync = self.clock()
-            if self.clock() - self._last_heal >= HEAL_EVERY_S:
-                self.heal()
-                self._last_heal = self.clock()
+                self.publish()
         except SlurmError as exc:  # slurmctld restarting, say: nothing is lost, try again
             log.warning("Slurm: %s; trying again", exc)
             time.sleep(1)
@@ -198,18 +229,16 @@ class Bridge:
                 self.queue.delete(msg)
         return slurm_id
 
-    # --- nodes ---------------------------------------------------------------------------------------------
+    # --- gauges --------------------------------------------------------------------------------------------
 
-    def heal(self) -> list[str]:
-        """CLOUD nodes Slurm marked DOWN because they stopped answering (a machine gone without notice): powered
-        down, so that power saving cleans up what is left of them and starts a fresh one when a job needs it.
-        Slurm requeued their jobs already. The nodes it powered down."""
-        gone = [n for n, state in self.slurm.node_states().items() if state.startswith("down") and "~" not in state
-                and "%" not in state]
-        for name in gone:
-            log.warning("node %s: down and not responding; powering it down", name)
-            self.slurm.update_node(name, state="POWER_DOWN_FORCE", reason="not responding")
-        return gone
+    def publish(self) -> None:
+        """The job gauges of the last sync, once every GAUGES_EVERY_S (nothing without an emitter)."""
+        now = self.clock()
+        if self.emitter is None or self.listed is None or (
+                self._last_gauges is not None and now - self._last_gauges < GAUGES_EVERY_S):
+            return
+        self.emitter.emit(job_gauges(self.listed, now))
+        self._last_gauges = now
 
     # --- Slurm's state -> records ---------------------------------------------------------------------------
 
@@ -227,7 +256,7 @@ class Bridge:
         if not self.loaded:
             self.load_known()
         cancelled = self.cancels()
-        listed = self.slurm.jobs()
+        listed = self.listed = self.slurm.jobs()
         for j in listed:
             if j.array_job_id and j.array_task_id is None:
                 continue  # an array's members still pending together: their records say queued
@@ -379,7 +408,53 @@ def parser() -> ArgumentParser:
     p.add_argument("--instance-type", help="the partition's instance type (for GPU-hours and cost)")
     p.add_argument("--output-dir", default="/var/log/gpufleet/jobs", help="where Slurm writes job output on nodes")
     p.add_argument("--python", default=sys.executable, help="the nodes' Python with the trainer")
+    add_gauge_flags(p)
     return p
+
+
+def add_gauge_flags(p: ArgumentParser) -> None:
+    p.add_argument("--emf-log", default=os.environ.get("GPUFLEET_EMF_LOG"),
+                   help="the EMF file the controller's gauges go to (default GPUFLEET_EMF_LOG; \"-\": standard output; "
+                   "none: no gauges)")
+    p.add_argument("--metric-namespace", help="the stack's metric namespace (default: the metric_namespace of "
+                   f"{node_schema.CONTROLLER_PATH})")
+
+
+def metric_namespace(given: str | None, settings: str | None = None) -> str | None:
+    """The namespace of the controller's gauges: the one given, else controller.json's (the stack's, which the
+    alarms read; ``settings``: its path, default node_schema.CONTROLLER_PATH), else None."""
+    if given:
+        return given
+    try:
+        doc = json.loads(Path(settings or node_schema.CONTROLLER_PATH).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("metric_namespace"):
+        return str(doc["metric_namespace"])
+    return metric_names.namespace(doc["stack"]) if doc.get("stack") else None
+
+
+def gauge_emitter(emf_log: str | None, namespace: str | None, command: str):
+    """The EMF emitter of a controller daemon's gauges (no dimensions: one series per stack), appending to
+    ``emf_log`` ("-": standard output); None without a file, or, with a warning, where it cannot be written (the
+    daemon runs on without gauges). UsageError without a namespace."""
+    from trainer.node.emf import Emitter
+
+    if not emf_log:
+        return None
+    if not namespace:
+        raise UsageError(f"{command}: --emf-log {emf_log} needs --metric-namespace (or {node_schema.CONTROLLER_PATH} "
+                         "with the stack's metric_namespace)")
+    if emf_log == "-":
+        return Emitter(namespace, sys.stdout)
+    try:
+        out = open(emf_log, "a", buffering=1)
+    except OSError as exc:
+        log.warning("gauges: %s cannot be written (%s); running without them", emf_log, exc.strerror)
+        return None
+    return Emitter(namespace, out)
 
 
 def main(argv: list[str]) -> int:
@@ -387,7 +462,8 @@ def main(argv: list[str]) -> int:
     if not args.queue_url or not args.bucket:
         raise UsageError("controller: --queue-url and --bucket are required (or GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
     site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type)
-    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site)
+    emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
+    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site, emitter=emitter)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

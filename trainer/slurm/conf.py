@@ -8,6 +8,14 @@ requeued by Slurm itself (``RequeueExit=75``); ``KillWait`` is the time a stoppi
 SIGKILL, sized to the cloud's notice.
 
 Who builds a Cluster: infra (a stack's config and the catalog, :mod:`infra.slurm`) and the box (local nodes on loopback, each with its own port). Nothing here reads a file or the environment.
+
+A cloud cluster is configless: only the controller holds slurm.conf and gres.conf; slurmctld serves both
+(``SlurmctldParameters=enable_configless``, Slurm 20.02 and later) to each node's slurmd, which is started with
+``--conf-server ADDR:PORT`` and keeps them in its spool's conf-cache (client commands on the node find them
+through /run/slurm/conf). A cloud cluster's text targets the Slurm the images bake (ami/versions.json, 26.05):
+``cloud_reg_addrs`` and ``PrivateData=cloud`` are left out there, since 23.11 and 23.02 made them the default
+(23.11 logs the first as defunct). The box runs Debian's Slurm 22.05 and keeps both, and reads its files
+itself (every slurmd is started with ``-f``).
 """
 from __future__ import annotations
 
@@ -22,6 +30,12 @@ PARTITION_NAME = re.compile(r"[a-z][a-z0-9]{0,14}\Z")
 # leaves after the watcher saw it (AWS: 2 minutes ahead; Azure: Scheduled Events' Preempt, >= 30 s ahead).
 MAX_ARRAY_SIZE = 10001  # a sweep of up to 10000 jobs (the job schema's array.count) is one array
 KILL_WAIT_S = {"aws": 100, "azure": 20, "tencent": 100, "local": 30}
+# The power saving programs the images install (ami/files/gpufleet-power.sh): what a cloud cluster's
+# ResumeProgram, SuspendProgram and ResumeFailProgram name.
+IMAGE_PROGRAMS = {"resume": "/usr/local/sbin/gpufleet-resume", "suspend": "/usr/local/sbin/gpufleet-suspend",
+                  "resume_fail": "/usr/local/sbin/gpufleet-resume-fail"}
+# The images' TaskProlog (ami/files/gpufleet-task-prolog.sh): every task of a job gets the node's NCCL/EFA settings.
+IMAGE_TASK_PROLOG = "/usr/local/sbin/gpufleet-task-prolog"
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,7 @@ class Partition:
     always_on: int = 0               # the first nodes never power down (nodes.min)
     default: bool = False
     max_time: str = "INFINITE"
+    max_nodes: int | None = None     # nodes a job may span (1: nodes that cannot reach each other); None: all
 
     def __post_init__(self):
         if not PARTITION_NAME.match(self.name):
@@ -77,6 +92,7 @@ class Cluster:
     controller_addr: str | None = None
     slurmctld_port: int = 6817
     slurmd_port: int = 6818
+    srun_ports: tuple[int, int] | None = None  # SrunPortRange: where srun listens (the network allows just these)
     slurm_user: str = "slurm"
     munge_socket: str | None = None
     cred_expire_s: int = 120         # a requeued job waits this long (Slurm's default 120)
@@ -147,6 +163,7 @@ def render_slurm_conf(cluster: Cluster) -> str:
         "ReturnToService=2",
         f"MinJobAge={cluster.min_job_age_s}",
         f"MaxArraySize={MAX_ARRAY_SIZE}",
+        f"SrunPortRange={cluster.srun_ports[0]}-{cluster.srun_ports[1]}" if cluster.srun_ports else "",
         # No HealthCheckProgram: with one (even `sleep 0.5`), about one CLOUD node in three powered up here stayed
         # POWERING_UP after it registered, its job in CONFIGURING until ResumeTimeout (22.05, measured). The node's
         # watcher runs the preflight instead (trainer.slurm.nodes.health): it drains a bad node.
@@ -160,8 +177,14 @@ def render_slurm_conf(cluster: Cluster) -> str:
         "ResumeRate=0",
         "SuspendRate=0",
         *([f"SuspendExcNodes={','.join(_power_exclusions(cluster))}"] if _power_exclusions(cluster) else []),
-        "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs",
-        "PrivateData=cloud",
+        # idle_on_node_suspend: a node that failed is made available again once it is powered down. The box's
+        # Slurm (22.05) needs cloud_reg_addrs (a node's address from its registration) and PrivateData=cloud
+        # (powered-down nodes shown), the images' have both as defaults; a cloud cluster serves its config.
+        "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs" if cluster.local_nodes else
+        "SlurmctldParameters=enable_configless,idle_on_node_suspend",
+        "PrivateData=cloud" if cluster.local_nodes else "",
+        # every task of a job on an image's node gets the node's NCCL/EFA settings (the box's nodes have none)
+        "" if cluster.local_nodes else f"TaskProlog={IMAGE_TASK_PROLOG}",
         "TreeWidth=65533",
         "SchedulerParameters=bf_interval=2,sched_interval=2,sched_min_interval=100000"
         if cluster.fast_scheduling else "SchedulerParameters=bf_interval=30",
@@ -181,8 +204,9 @@ def render_slurm_conf(cluster: Cluster) -> str:
         else:
             lines.append(f"NodeName={p.hostlist()} {shape}{features} State=CLOUD")
     for p in cluster.partitions:
+        span = f" MaxNodes={p.max_nodes}" if p.max_nodes else ""
         lines.append(f"PartitionName={p.name} Nodes={p.hostlist()} Default={'YES' if p.default else 'NO'} "
-                     f"MaxTime={p.max_time} State=UP OverSubscribe=NO")
+                     f"MaxTime={p.max_time}{span} State=UP OverSubscribe=NO")
     return "\n".join(lines) + "\n"
 
 

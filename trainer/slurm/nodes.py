@@ -1,5 +1,5 @@
-"""`python -m trainer nodes resume|suspend|resume-fail|watch|health`: Slurm's power saving, a node's notice watcher
-and its health check.
+"""`python -m trainer nodes resume|suspend|resume-fail|watch|health|heal`: Slurm's power saving, a node's notice
+watcher and its health check, and the controller's healer of DOWN nodes.
 
 slurmctld runs ``resume HOSTLIST`` (ResumeProgram) when jobs need powered-down nodes, ``suspend HOSTLIST``
 (SuspendProgram) when nodes have been idle for SuspendTime, and ``resume-fail HOSTLIST`` (ResumeFailProgram) for
@@ -14,6 +14,11 @@ their checkpoint, a multi-node job whole) and powers the node down once they are
 The watcher also runs ``health NAME`` when the node starts and every HEALTH_EVERY_S (it can be run by hand too):
 the node's preflight (GPUs, EFA and its NCCL plugin, the fabric manager) against its Slurm definition; a node
 that fails is drained and its jobs requeued.
+
+``heal`` runs on the controller as Slurm's administrator (the slurm user: gpufleet-heal.service; the box starts it
+beside slurmctld): every few seconds it powers down the CLOUD nodes Slurm holds DOWN (:func:`heal`), and once a
+minute it publishes the node gauges the stack's alarms read (:func:`node_gauges`) as EMF records. It keeps no
+state: how long a node has been held is read from Slurm's own stamp of its reason.
 """
 from __future__ import annotations
 
@@ -23,17 +28,29 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from trainer.errors import ArgumentParser, UsageError
+from trainer.node import metric_names
 from trainer.slurm import client
+from trainer.slurm.client import SlurmError, SlurmNode
 
 log = logging.getLogger("gpufleet.nodes")
 
 CONFIG = "/etc/gpufleet/nodes.json"
 STOP_WAIT_S = 10.0
 HEALTH_EVERY_S = 300.0
+HEAL_EVERY_S = 5.0
+GAUGES_EVERY_S = 60.0
+# A node whose machine could not be started (no capacity, a quota, a spot price: the node provider set it DOWN with
+# "resume failed: ...") or that did not register within ResumeTimeout stays DOWN this long, counted from the time
+# Slurm stamped on its reason, before it is powered down for the next job to try again (ParallelCluster's
+# insufficient_capacity_timeout, default 600 s, is the model). Slurm requeued its job at once; meanwhile the
+# scheduler places it on other nodes.
+RESUME_FAIL_HOLD_S = 600.0
+RESUME_FAILED = ("resume failed:", "ResumeTimeout reached")  # the providers' reason; Slurm's own (22.05 and 26.05)
 
 
 class NodeProvider:
@@ -232,18 +249,126 @@ def health(name: str, probe=None) -> int:
     return 0
 
 
+# --- heal: the controller's daemon, as Slurm's administrator -----------------------------------------------------
+
+def resume_failure(reason: str) -> str | None:
+    """The part of a node's reason that says its resume failed, or None. A provider sets the whole reason
+    (`scontrol update` replaces it); Slurm's own "ResumeTimeout reached" replaces no reason in 22.05 but one other
+    than "Not responding", and is appended to whatever was there (" : ResumeTimeout reached") from 23.11 on
+    (set_node_reason in src/slurmctld/node_mgr.c): the newest part is the last."""
+    for part in (reason, reason.rsplit(" : ", 1)[-1]):
+        if part.startswith(RESUME_FAILED):
+            return part
+    return None
+
+
+def failed_to_resume(node: SlurmNode) -> bool:
+    """DOWN because its machine could not be started or did not register in time."""
+    return node.state.startswith("down") and resume_failure(node.reason) is not None
+
+
+def node_gauges(nodes: list[SlurmNode]) -> dict[str, float]:
+    """The controller's node gauges: nodes powered up (neither powered down, ~, nor powering down, %; a node whose
+    resume failed holds no machine, whatever Slurm still says) and nodes that failed to resume."""
+    failed = [n for n in nodes if failed_to_resume(n)]
+    up = [n for n in nodes if "~" not in n.state and "%" not in n.state and not failed_to_resume(n)]
+    return {metric_names.NODES_UP: float(len(up)), metric_names.NODES_FAILED_TO_RESUME: float(len(failed))}
+
+
+def heal(nodes: list[SlurmNode], now: float, slurm=client, first_seen: dict[str, float] | None = None) -> list[str]:
+    """CLOUD nodes Slurm marked DOWN because they stopped answering (a machine gone without notice): powered down,
+    so that power saving cleans up what is left of them and starts a fresh one when a job needs it. Slurm requeued
+    their jobs already. A node DOWN because its machine could not be started or did not register
+    (:func:`resume_failure`; "down#" while Slurm still waits for it, "down~" after ResumeTimeout) is first held for
+    RESUME_FAIL_HOLD_S from the time Slurm stamped on its reason (sinfo's %H), so that the next job does not retry
+    the same capacity at once; nothing else is remembered across rounds or restarts (``first_seen``: when a reason
+    without a stamp was first seen). POWER_DOWN_FORCE runs the suspend program (whatever was started is terminated)
+    and leaves the node idle and powered down (Slurm 22.05, measured for both). The nodes it powered down."""
+    seen = first_seen if first_seen is not None else {}
+    unstamped: dict[str, float] = {}
+    powered = []
+    for node in nodes:
+        name, state, why = node.name, node.state, resume_failure(node.reason)
+        if not state.startswith("down") or "%" in state:
+            continue
+        if why is not None:
+            since = node.reason_time
+            if since is None:
+                since = unstamped[name] = seen.get(name, now)
+            if now - since < RESUME_FAIL_HOLD_S:
+                continue
+            unstamped.pop(name, None)
+            log.warning("node %s: %s; held %.0f s, powering it down for the next job to try again", name, why,
+                        now - since)
+            slurm.update_node(name, state="POWER_DOWN_FORCE", reason=f"held after: {why}"[:200])
+        elif "~" in state:
+            continue  # powered down by someone else's reason: left as it is
+        else:
+            log.warning("node %s: down and not responding; powering it down", name)
+            slurm.update_node(name, state="POWER_DOWN_FORCE", reason="not responding")
+        powered.append(name)
+    seen.clear()
+    seen.update(unstamped)
+    return powered
+
+
+def serve_heal(stop: threading.Event, every_s: float = HEAL_EVERY_S, emitter=None, slurm=client,
+               clock=time.time) -> int:
+    """Heal every ``every_s`` and publish the node gauges every GAUGES_EVERY_S until ``stop`` is set. Slurm
+    away for a moment (slurmctld restarting) is a warning; the next round tries again."""
+    log.info("heal: DOWN CLOUD nodes powered down every %.0f s (%.0f s hold after a failed resume)", every_s,
+             RESUME_FAIL_HOLD_S)
+    first_seen: dict[str, float] = {}
+    last_gauges: float | None = None
+    while not stop.is_set():
+        try:
+            nodes = slurm.nodes()
+            now = clock()
+            if emitter is not None and (last_gauges is None or now - last_gauges >= GAUGES_EVERY_S):
+                emitter.emit(node_gauges(nodes))
+                last_gauges = now
+            heal(nodes, now, slurm, first_seen)
+        except SlurmError as exc:
+            log.warning("Slurm: %s; trying again", exc)
+        stop.wait(every_s)
+    return 0
+
+
+def _heal_main(args) -> int:
+    from trainer.slurm.bridge import gauge_emitter, metric_namespace
+
+    if not args.every > 0:
+        raise UsageError(f"nodes heal: --every {args.every:g} is not allowed; expected seconds > 0")
+    emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "nodes heal")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return serve_heal(stop, args.every, emitter)
+
+
 def parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m trainer nodes", description="Slurm's power saving programs and a node's "
-                       "notice watcher.")
-    p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch", "health"))
-    p.add_argument("hostlist", help="Slurm's hostlist expression of the nodes (watch, health: this node's name)")
+    from trainer.slurm.bridge import add_gauge_flags
+
+    p = ArgumentParser(prog="python -m trainer nodes", description="Slurm's power saving programs, a node's "
+                       "notice watcher and health check, and the controller's healer of DOWN nodes.")
+    p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch", "health", "heal"))
+    p.add_argument("hostlist", nargs="?", help="Slurm's hostlist expression of the nodes (watch, health: this "
+                   "node's name; heal: none)")
     p.add_argument("--config", default=os.environ.get("GPUFLEET_NODES_CONFIG", CONFIG),
-                   help="the nodes config (provider and its settings)")
+                   help="the nodes config (provider and its settings; heal reads none)")
+    p.add_argument("--every", type=float, default=HEAL_EVERY_S, help="heal: seconds between two rounds")
+    add_gauge_flags(p)
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.action == "heal":
+        if args.hostlist:
+            raise UsageError(f"nodes heal: takes no hostlist (got {args.hostlist!r}); it looks at every node")
+        return _heal_main(args)
+    if not args.hostlist:
+        raise UsageError(f"nodes {args.action}: a hostlist is required (watch, health: this node's name)")
     config = load_config(args.config)
     if config.get("slurm_conf"):
         os.environ.setdefault("SLURM_CONF", config["slurm_conf"])

@@ -27,7 +27,7 @@ class Outcome:
     counts: bool = False  # a failure that counts against retries.on_error
 
 
-# Slurm job state -> (record state, reason, final, counts). Slurm 22.05's states, squeue's long names.
+# Slurm job state -> (record state, reason, final, counts). Slurm's states (22.05 to 26.05), squeue's long names.
 TABLE: dict[str, Outcome] = {
     "PENDING": Outcome("queued", None, False),
     "CONFIGURING": Outcome("queued", "nodes powering up", False),
@@ -37,6 +37,8 @@ TABLE: dict[str, Outcome] = {
     "RESIZING": Outcome("running", None, False),
     "STAGE_OUT": Outcome("running", None, False),
     "SIGNALING": Outcome("running", None, False),
+    "STOPPED": Outcome("running", "stopped", False),                  # its tasks got SIGSTOP (scontrol suspend)
+    "RESV_DEL_HOLD": Outcome("queued", "held: its reservation was deleted", False),
     "REQUEUED": Outcome("preempted", "preemption", False),
     "REQUEUE_FED": Outcome("preempted", "preemption", False),
     "REQUEUE_HOLD": Outcome("preempted", "preemption", False),

@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -126,15 +125,17 @@ class Task:
     """One node's part of one attempt."""
 
     def __init__(self, job: Job, attempt: int, slurm: dict, bucket: str, gpus: int, work_dir: Path,
-                 node: dict | None = None, emf_log: str | None = None, emf_interval_s: float = 60.0):
+                 node: dict | None = None, emf_log: str | None = None, emf_interval_s: float = 60.0,
+                 platform=None, container_extra: tuple[str, ...] = ()):
         self.job, self.attempt, self.slurm, self.bucket, self.gpus = job, attempt, slurm, bucket, gpus
         self.node = node or {}
+        self.platform = platform  # trainer.node.platform's; None: this node's (open_platform)
+        self.container_extra = tuple(container_extra)  # tests only: extra `docker run` flags (host mounts)
         self.dir = work_dir / "jobs" / job.job_id
         self.emf_log, self.emf_interval_s = emf_log, emf_interval_s
         self.uri = default_checkpoint_uri(bucket, job.job_id)
         self.run: Running | None = None
         self.stop_asked = False
-        self._lock = threading.Lock()
 
     @property
     def records(self) -> RecordStore:
@@ -151,7 +152,7 @@ class Task:
         self.stop_asked = True
         run = self.run
         if run is not None:
-            run.stop(stop_grace(self.node.get("cloud"), notice=True))
+            run.stop(stop_grace(self.node.get("cloud")))
 
     def start(self, platform, output) -> Running:
         from trainer.node.registry import login_env
@@ -192,9 +193,10 @@ class Task:
             facts = node_facts(self.node, None, self.gpus)
             name = f"gpufleet-{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"
             argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
-                               stop_grace(self.node.get("cloud"), notice=True), tuple(secrets),
+                               stop_grace(self.node.get("cloud")), tuple(secrets),
                                scratch=Path("/mnt/scratch").is_dir(),
-                               container_env_file=Path("/etc/gpufleet/container.env").exists())
+                               container_env_file=Path("/etc/gpufleet/container.env").exists(),
+                               extra=self.container_extra)
             docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(argv))
             return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
@@ -212,8 +214,7 @@ class Task:
         from trainer.node.platform import open_platform
         from trainer.node.tracking import Output, Tracking
 
-        signal.signal(signal.SIGTERM, self.stop)
-        platform = open_platform(self.node)
+        platform = self.platform or open_platform(self.node)
         output = None
         try:
             output = Output(self.records, self.job.job_id, self.attempt, self.slurm["node"],
@@ -241,8 +242,7 @@ class Task:
                     tail = MetricsTail(self.metrics, emitter, self.emf_interval_s).start()
                     watchers.append(tail)
             if rank0 and self.metrics:
-                watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
-                                         lambda: None).start())
+                watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job)).start())
             rc = run.wait()
         finally:
             for w in reversed(watchers):
@@ -295,4 +295,6 @@ def main(argv: list[str]) -> int:
     work_dir = Path(args.work_dir) / "nodes" / slurm["node"]
     log.info("job %s: attempt %d, node %s (rank %d of %d)", job.job_id, attempt, slurm["node"],
              slurm["node_rank"], slurm["nnodes"])
-    return Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log)()
+    task = Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log)
+    signal.signal(signal.SIGTERM, task.stop)  # Slurm's stop, forwarded by srun
+    return task()

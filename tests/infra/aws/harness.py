@@ -7,23 +7,19 @@ from other resources' outputs (policies from ARNs, node settings from the queue 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
 import yaml
 
 from infra import config
+from infra.preview.mocks import PreviewMocks
 
 ROOT = Path(__file__).resolve().parents[3]
 ACCOUNT = "123456789012"
-
-
-def _hex(seed: str, n: int) -> str:
-    return hashlib.sha256(seed.encode()).hexdigest()[:n]
 
 
 @dataclass
@@ -37,103 +33,21 @@ class Resource:
     id: str
 
 
-class AwsMocks(pulumi.runtime.Mocks):
-    def __init__(self, region: str):
-        self.region = region
+class AwsMocks(PreviewMocks):
+    """The offline preview's mocks, recording what the program registers and calls."""
+
+    def __init__(self, stack: str, region: str):
+        super().__init__(stack, region, ACCOUNT)
         self.calls: list[tuple[str, dict]] = []
         self.registered: list[Resource] = []
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
-        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/ci", "userId": "AIDAEXAMPLE",
-                    "id": ACCOUNT}, []
-        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            names = [f"{self.region}{z}" for z in "abc"]
-            return {"names": names, "zoneIds": [f"euw1-az{i}" for i in (1, 2, 3)], "id": self.region}, []
-        if args.token == "aws:ec2/getAmi:getAmi":
-            image_ids = [v for f in args.args.get("filters", []) if f["name"] == "image-id" for v in f["values"]]
-            ami = image_ids[0] if image_ids else "ami-0" + _hex(str(args.args), 16)
-            return {"id": ami, "imageId": ami, "name": "gpufleet-gpu-2025-07-01", "architecture": "x86_64",
-                    "rootDeviceName": "/dev/sda1", "ownerId": ACCOUNT}, []
-        if args.token == "aws:secretsmanager/getSecret:getSecret":
-            name = args.args["name"]
-            arn = f"arn:aws:secretsmanager:{self.region}:{ACCOUNT}:secret:{name}-{_hex(name, 6)}"
-            return {"arn": arn, "id": arn, "name": name}, []
-        raise AssertionError(f"unexpected invoke {args.token}")
+        return super().call(args), []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        rid, state = self._answer(args)
+        rid, state = super().new_resource(args)
         self.registered.append(Resource(args.typ, args.name, bool(args.custom), dict(args.inputs), state, "", rid))
-        return rid, state
-
-    def _answer(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        typ, name, inputs = args.typ, args.name, dict(args.inputs)
-        region, acct = self.region, ACCOUNT
-        auto = inputs.get("name") or f"{name}-{_hex(name, 7)}"
-        state: dict[str, Any] = dict(inputs)
-        rid = f"{name}-id"
-        if typ == "aws:kms/key:Key":
-            rid = f"{_hex(name, 8)}-{_hex(name + '1', 4)}-{_hex(name + '2', 4)}-{_hex(name + '3', 4)}-{_hex(name + '4', 12)}"
-            state.update(arn=f"arn:aws:kms:{region}:{acct}:key/{rid}", keyId=rid)
-        elif typ == "aws:s3/bucket:Bucket":
-            rid = inputs.get("bucket") or auto
-            state.update(bucket=rid, arn=f"arn:aws:s3:::{rid}")
-        elif typ == "aws:sqs/queue:Queue":
-            rid = f"https://sqs.{region}.amazonaws.com/{acct}/{auto}"
-            state.update(name=auto, url=rid, arn=f"arn:aws:sqs:{region}:{acct}:{auto}")
-        elif typ == "aws:iam/role:Role":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:iam::{acct}:role/{auto}")
-        elif typ == "aws:iam/serviceLinkedRole:ServiceLinkedRole":
-            assert inputs["awsServiceName"] == "autoscaling.amazonaws.com", inputs
-            path = f"/aws-service-role/{inputs['awsServiceName']}/"
-            rid = f"AWSServiceRoleForAutoScaling_{inputs['customSuffix']}"
-            state.update(name=rid, path=path, arn=f"arn:aws:iam::{acct}:role{path}{rid}")
-        elif typ == "aws:iam/instanceProfile:InstanceProfile":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:iam::{acct}:instance-profile/{auto}")
-        elif typ == "aws:cloudwatch/logGroup:LogGroup":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:logs:{region}:{acct}:log-group:{auto}")
-        elif typ == "aws:sns/topic:Topic":
-            rid = f"arn:aws:sns:{region}:{acct}:{auto}"
-            state.update(name=auto, arn=rid)
-        elif typ == "aws:autoscaling/group:Group":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:autoscaling:{region}:{acct}:autoScalingGroup:"
-                                        f"{_hex(name, 8)}-0000-4000-8000-{_hex(name, 12)}:autoScalingGroupName/{auto}")
-        elif typ == "aws:autoscaling/policy:Policy":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:autoscaling:{region}:{acct}:scalingPolicy:{_hex(name, 8)}:"
-                                        f"autoScalingGroupName/x:policyName/{auto}")
-        elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
-            rid = "lt-0" + _hex(name, 16)
-            state.update(name=auto, latestVersion=1, defaultVersion=1, arn=f"arn:aws:ec2:{region}:{acct}:launch-template/{rid}")
-        elif typ == "aws:ec2/placementGroup:PlacementGroup":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:ec2:{region}:{acct}:placement-group/{auto}")
-        elif typ == "aws:ec2/vpcEndpoint:VpcEndpoint":
-            rid = "vpce-0" + _hex(name, 16)
-            state.update(prefixListId="pl-6da54004" if inputs.get("vpcEndpointType") == "Gateway" else None)
-        elif typ == "aws:ecr/repository:Repository":
-            rid = auto
-            state.update(name=auto, arn=f"arn:aws:ecr:{region}:{acct}:repository/{auto}", registryId=acct,
-                         repositoryUrl=f"{acct}.dkr.ecr.{region}.amazonaws.com/{auto}")
-        elif typ == "aws:cloudwatch/dashboard:Dashboard":
-            rid = inputs["dashboardName"]
-        elif typ == "aws:budgets/budget:Budget":
-            rid = f"{acct}:{auto}"
-            state.update(name=auto)
-        elif typ.startswith("aws:ec2/"):
-            prefix = {"Vpc": "vpc", "Subnet": "subnet", "SecurityGroup": "sg", "RouteTable": "rtb",
-                      "DefaultSecurityGroup": "sg", "RouteTableAssociation": "rtbassoc"}.get(typ.rsplit(":", 1)[1])
-            if prefix:
-                rid = f"{prefix}-0{_hex(name, 16)}"
-        elif typ.startswith("aws:vpc/securityGroup"):
-            rid = "sgr-0" + _hex(name, 16)
-        if "arn" not in state and args.custom:
-            state["arn"] = f"arn:aws:{typ.split(':')[1].split('/')[0]}:{region}:{acct}:{rid}"
         return rid, state
 
 
@@ -147,14 +61,23 @@ class Built:
     def of_type(self, typ: str) -> list[Resource]:
         return [r for r in self.resources if r.type == typ]
 
-    def user_data(self) -> str:
-        return base64.b64decode(self.one("aws:ec2/launchTemplate:LaunchTemplate").inputs["userData"]).decode()
+    def user_data(self, partition: str = "gpu") -> str:
+        """A partition's node user-data (its launch template's)."""
+        (lt,) = [r for r in self.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+                 if r.name == f"gpufleet-{self.cfg.stack}-{partition}-node"]
+        return base64.b64decode(lt.inputs["userData"]).decode()
 
-    def node_json(self) -> dict:
-        """/etc/gpufleet/node.json as the node's cloud-init writes it."""
-        doc = yaml.safe_load(self.user_data())
-        (file,) = [f for f in doc["write_files"] if f["path"] == "/etc/gpufleet/node.json"]
-        return json.loads(file["content"])
+    def node_json(self, partition: str = "gpu") -> dict:
+        """/etc/gpufleet/node.json as a node's cloud-init writes it."""
+        return json.loads(_written(self.user_data(partition), "/etc/gpufleet/node.json"))
+
+    def controller_user_data(self) -> str:
+        return base64.b64decode(self.one("aws:ec2/instance:Instance").inputs["userDataBase64"]).decode()
+
+    def controller_file(self, path: str):
+        """A file the controller's cloud-init writes: JSON ones decoded."""
+        text = _written(self.controller_user_data(), path)
+        return json.loads(text) if path.endswith(".json") else text
 
     def one(self, typ: str, name_part: str = "") -> Resource:
         found = [r for r in self.of_type(typ) if name_part in r.name]
@@ -162,16 +85,23 @@ class Built:
         return found[0]
 
 
-def stack_config(stack: str, overrides: Optional[dict] = None) -> config.StackConfig:
+def _written(user_data: str, path: str) -> str:
+    doc = yaml.safe_load(user_data)
+    (file,) = [f for f in doc["write_files"] if f["path"] == path]
+    return file["content"]
+
+
+def stack_config(stack: str, overrides: Optional[dict] = None, drop: tuple[str, ...] = ()) -> config.StackConfig:
+    """A repository stack's config with keys replaced (overrides) or removed (drop)."""
     raw, secrets = config.read_stack_file(ROOT / f"Pulumi.{stack}.yaml")
-    raw = {**raw, **(overrides or {})}
+    raw = {k: v for k, v in {**raw, **(overrides or {})}.items() if k not in drop}
     return config.parse(raw, stack, secrets)
 
 
 def build_stack(cfg: config.StackConfig) -> Built:
     from infra import program
 
-    mocks = AwsMocks(cfg.region)
+    mocks = AwsMocks(cfg.stack, cfg.region)
     monitor = pulumi.runtime.mocks.MockMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpufleet", stack=cfg.stack, preview=False, monitor=monitor)
     outputs: dict = {}
@@ -200,24 +130,3 @@ def assert_least_privilege(doc: dict, namespace: str) -> None:
                     assert actions == [action]
                 else:
                     assert action.split(":")[1].startswith("Describe"), action
-
-
-def assert_autoscaling_ebs_grants(doc: dict, role_arn: str) -> None:
-    """The key lets the group's service-linked role do what the EC2 Auto Scaling user guide lists for
-    EBS volumes encrypted with a customer managed key, wildcards spelled out, and create grants only
-    for AWS resources."""
-    mine = [st for st in doc["Statement"] if st.get("Principal") == {"AWS": role_arn}]
-    assert [st["Sid"] for st in mine] == ["AutoScalingEbsVolumes", "AutoScalingEbsGrants"]
-    use, grant = mine
-    assert sorted(use["Action"]) == sorted([
-        "kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
-        "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"])
-    assert "Condition" not in use
-    assert grant["Action"] == "kms:CreateGrant"
-    assert grant.get("Condition") == {"Bool": {"kms:GrantIsForAWSResource": True}}
-    for st in mine:
-        assert st["Effect"] == "Allow" and st["Resource"] == "*"
-        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
-        assert all("*" not in a for a in actions), actions
-    # the role appears in no other statement
-    assert all(role_arn not in json.dumps(st) for st in doc["Statement"] if st not in mine)

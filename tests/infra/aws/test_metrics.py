@@ -1,7 +1,9 @@
-"""The dashboard and every alarm read only metrics the nodes' agent emits, with the dimensions it emits them.
+"""The dashboard and every alarm read only metrics the trainer emits, with the dimensions it emits them.
 
-The emitted side is the trainer's own emitter (GPU sampler, metrics-file summary, preemption events) fed with
-the dimensions an AWS node derives from its node.json and instance id; the read side is parsed from the
+The emitted side is the trainer's own code: on a node, its emitter (GPU sampler, metrics-file summary, preemption
+events) fed with the dimensions an AWS node derives from its node.json and instance id; on the controller, the
+bridge's job gauges and the healer's node gauges (`trainer nodes heal`), each through the code its daemon runs, in
+the namespace they read from the controller.json the stack's user-data writes. The read side is parsed from the
 rendered dashboard body and alarm inputs, metric rows and SEARCH expressions alike.
 """
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 
 import pytest
 
 from trainer.node import metric_names
 from trainer.node.emf import Emitter, GpuSampler, MetricsTail
+from trainer.slurm import batch, bridge, nodes
+from trainer.slurm.client import SlurmJob, SlurmNode
 
 T_ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 T_DASHBOARD = "aws:cloudwatch/dashboard:Dashboard"
@@ -35,14 +40,52 @@ def emitted(node: dict, tmp_path) -> set[tuple[str, str, frozenset]]:
                                    "data_wait_frac": 0.1, "checkpoint_s": 2.0}) + "\n")
     MetricsTail(metrics, emitter).flush()
     emitter.emit({metric_names.PREEMPTIONS: 1.0, metric_names.STEPS_LOST: 3.0})  # as the agent does
+    return series_of(out.getvalue())
+
+
+def series_of(emf: str) -> set[tuple[str, str, frozenset]]:
     series = set()
-    for line in out.getvalue().splitlines():
+    for line in emf.splitlines():
         doc = json.loads(line)
         for directive in doc["_aws"]["CloudWatchMetrics"]:
             for dims in directive["Dimensions"]:
                 for metric in directive["Metrics"]:
                     series.add((directive["Namespace"], metric["Name"], frozenset((d, doc[d]) for d in dims)))
     return series
+
+
+class OneRound:
+    """Slurm for one round of the healer: two nodes, one whose machine could not be started."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+
+    def nodes(self) -> list[SlurmNode]:
+        self.stop.set()
+        return [SlurmNode("gpu-1", "allocated", "", None),
+                SlurmNode("gpu-2", "down#", "resume failed: InsufficientInstanceCapacity: none", 1.8e9)]
+
+    def update_node(self, name: str, **fields: str) -> None:
+        pass
+
+
+def controller_emitted(built, tmp_path) -> set[tuple[str, str, frozenset]]:
+    """(namespace, metric, {dimension: value}) of every series the controller's bridge and healer create: their
+    namespace from the stack's controller.json, their EMF file as the units give it."""
+    settings = tmp_path / "controller.json"
+    settings.write_text(json.dumps(built.controller_file("/etc/gpufleet/controller.json")))
+    namespace = bridge.metric_namespace(None, str(settings))
+    emf = tmp_path / "controller-metrics.log"
+    b = bridge.Bridge(None, None, batch.Site("b", "python", "/tmp"), clock=lambda: 1.8e9,
+                      emitter=bridge.gauge_emitter(str(emf), namespace, "controller"))
+    b.listed = [SlurmJob(id="7", array_job_id=None, array_task_id=None, name="x", comment="", state="PENDING",
+                         reason="Resources", description="", exit_code=0, restarts=0, nodes=(), user="u",
+                         partition="gpu", submit_time=1.8e9 - 7200, start_time=None, end_time=None)]
+    b.publish()
+    stop = threading.Event()
+    nodes.serve_heal(stop, every_s=0.001, emitter=bridge.gauge_emitter(str(emf), namespace, "nodes heal"),
+                     slurm=OneRound(stop))
+    return series_of(emf.read_text())
 
 
 _SEARCH = re.compile(r"SEARCH\('\{(?P<schema>[^}]*)\}\s*(?P<terms>.*?)'\s*,")
@@ -87,11 +130,17 @@ def is_emitted(ref: tuple[str, str, dict, bool], series: set) -> bool:
     return False
 
 
-def test_every_node_metric_the_stack_reads_is_emitted_with_its_dimensions(built, tmp_path):
+GAUGES = (metric_names.JOBS_PENDING, metric_names.JOBS_RUNNING, metric_names.PENDING_OVER_AN_HOUR,
+          metric_names.NODES_UP, metric_names.NODES_FAILED_TO_RESUME)
+
+
+def test_every_metric_the_stack_reads_is_emitted_with_its_dimensions(built, tmp_path):
     node = built.node_json()
     namespace = node["metric_namespace"]
     assert namespace == built.outputs["metricNamespace"] == metric_names.namespace(built.cfg.stack)
-    series = emitted(node, tmp_path)
+    controller = controller_emitted(built, tmp_path)
+    assert {ns for ns, _, _ in controller} == {namespace}
+    series = emitted(node, tmp_path) | controller
     body = json.loads(built.one(T_DASHBOARD).inputs["dashboardBody"])
     refs = read_by_dashboard(body) + [r for a in built.of_type(T_ALARM) for r in read_by_alarm(a.inputs)]
     ours = [r for r in refs if r[0] == namespace]
@@ -100,6 +149,9 @@ def test_every_node_metric_the_stack_reads_is_emitted_with_its_dimensions(built,
     assert {(r[1], tuple(sorted(r[2])), r[3]) for r in ours} >= {
         ("GPUUtilization", ("AutoScalingGroupName",), True), ("GPUUtilization", ("AutoScalingGroupName", "InstanceId"),
                                                                False)}
+    # the alarms on jobs pending too long and nodes that failed to power up, and the dashboard's job and node
+    # widgets, read the controller's gauges: one series per stack, no dimension
+    assert {(r[1], tuple(sorted(r[2])), r[3]) for r in ours} >= {(g, (), True) for g in GAUGES}
     missing = [r for r in ours if not is_emitted(r, series)]
     assert missing == []
 
@@ -113,3 +165,13 @@ def test_a_metric_read_under_other_dimensions_is_caught(prod, tmp_path):
     assert is_emitted(gpu, series) and not is_emitted(gpu, undimensioned)
     other_group = (gpu[0], gpu[1], {"AutoScalingGroupName": "someone-else"}, True)
     assert not is_emitted(other_group, series)
+
+
+def test_a_gauge_published_under_a_dimension_is_caught(dev, tmp_path):
+    """The mismatch this guards against on the controller: a gauge with a dimension the alarm does not name."""
+    series = controller_emitted(dev, tmp_path)
+    namespace = dev.node_json()["metric_namespace"]
+    pending_long = (namespace, metric_names.PENDING_OVER_AN_HOUR, {}, True)
+    assert is_emitted(pending_long, series)
+    grouped = {(ns, name, frozenset({("AutoScalingGroupName", "g")})) for ns, name, _ in series}
+    assert not is_emitted(pending_long, grouped)

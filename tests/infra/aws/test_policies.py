@@ -1,41 +1,65 @@
-"""Policy documents and IAM names (pure)."""
+"""Policy documents of the AWS stack (pure): the node, the controller, the shared file system, the key."""
 import re
 from pathlib import Path
 
 import pytest
 
 from infra.aws import policies, registry
-from infra.aws.stack import role_suffix
-from tests.infra.aws.harness import assert_autoscaling_ebs_grants, assert_least_privilege
+from tests.infra.aws.harness import assert_least_privilege
 
+ACCOUNT = "123456789012"
 BUCKET = "arn:aws:s3:::gpufleet-dev-data-abc"
 KEY = "arn:aws:kms:eu-west-1:123456789012:key/k"
 QUEUE = "arn:aws:sqs:eu-west-1:123456789012:jobs"
 DLQ = "arn:aws:sqs:eu-west-1:123456789012:jobs-dlq"
-PARAMETERS = policies.parameters_arn("eu-west-1", "123456789012", "/gpufleet/dev/")
-ASG = policies.asg_arn("eu-west-1", "123456789012", "gpufleet-dev-nodes")
+PARAMETERS = policies.parameters_arn("eu-west-1", ACCOUNT, "/gpufleet/dev/")
 LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"
 FLOW_LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev/vpc-flow-logs"
-SLR = ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
-       "AWSServiceRoleForAutoScaling_gpufleet-dev")
+MUNGE = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpufleet-dev-munge-abc-Xy12Zw"
+NODE_ROLE = "arn:aws:iam::123456789012:role/gpufleet-dev-node-abc"
+CONTROLLER_ROLE = "arn:aws:iam::123456789012:role/gpufleet-dev-controller-abc"
+EC2 = "arn:aws:ec2:eu-west-1:123456789012"
+TEMPLATES = [f"{EC2}:launch-template/lt-0123456789abcdef0", f"{EC2}:launch-template/lt-0fedcba9876543210"]
+FS = "arn:aws:elasticfilesystem:eu-west-1:123456789012:file-system/fs-0123"
+HOME_AP = "arn:aws:elasticfilesystem:eu-west-1:123456789012:access-point/fsap-home"
+STATE_AP = "arn:aws:elasticfilesystem:eu-west-1:123456789012:access-point/fsap-state"
 
 
 def node_policy() -> dict:
-    return policies.node_policy(BUCKET, KEY, QUEUE, DLQ, ASG, LOGS, PARAMETERS, "gpufleet/dev")
+    return policies.node_policy(BUCKET, KEY, LOGS, PARAMETERS, MUNGE, "gpufleet/dev")
+
+
+def controller_policy() -> dict:
+    return policies.controller_policy(
+        "eu-west-1", ACCOUNT, "dev", BUCKET, KEY, QUEUE, DLQ, LOGS, MUNGE, NODE_ROLE, TEMPLATES,
+        subnet_arns=[f"{EC2}:subnet/subnet-1"], security_group_arns=[f"{EC2}:security-group/sg-1"],
+        image_arns=["arn:aws:ec2:eu-west-1::image/ami-1"], placement_group_arns=[f"{EC2}:placement-group/pg"],
+        metric_namespace="gpufleet/dev")
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _actions(doc: dict) -> set[str]:
+    return {a for st in doc["Statement"] if st["Effect"] == "Allow" for a in _list(st["Action"])}
+
+
+def _statements_with(doc: dict, action: str) -> list[dict]:
+    return [st for st in doc["Statement"] if st["Effect"] == "Allow" and action in _list(st["Action"])]
 
 
 def test_node_policy_is_least_privilege_and_scoped():
     doc = node_policy()
     assert_least_privilege(doc, "gpufleet/dev")
-    resources = {r for st in doc["Statement"] for r in
-                 (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])}
-    assert resources == {BUCKET, f"{BUCKET}/*", KEY, QUEUE, DLQ, ASG, LOGS, f"{LOGS}:*", PARAMETERS, "*"}
+    resources = {r for st in doc["Statement"] for r in _list(st["Resource"])}
+    assert resources == {BUCKET, f"{BUCKET}/*", KEY, LOGS, f"{LOGS}:*", PARAMETERS, MUNGE, "*"}
     assert PARAMETERS == "arn:aws:ssm:eu-west-1:123456789012:parameter/gpufleet/dev/*"
-    on_dlq = {a for st in doc["Statement"] if st["Resource"] == DLQ for a in st["Action"]}
-    assert on_dlq == {"sqs:GetQueueUrl", "sqs:SendMessage"}  # the node puts jobs there; it never reads them
-    on_queue = {a for st in doc["Statement"] if st["Resource"] == QUEUE for a in st["Action"]}
-    assert "sqs:SendMessage" in on_queue  # a hand-back sends the job back as a fresh message
-    assert ASG == "arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/gpufleet-dev-nodes"
+    # a node reads the munge key; it launches, tags, terminates nothing and never touches the queue
+    assert [st["Resource"] for st in _statements_with(doc, "secretsmanager:GetSecretValue")] == [MUNGE]
+    assert not {a for a in _actions(doc) if a.startswith(("sqs:", "autoscaling:", "iam:"))}
+    assert {a for a in _actions(doc) if a.startswith("ec2:")} == {"ec2:DescribeTags"}
+    assert "secretsmanager:PutSecretValue" not in _actions(doc)
 
 
 def test_least_privilege_check_rejects_wildcards():
@@ -45,6 +69,71 @@ def test_least_privilege_check_rejects_wildcards():
     bad = {"Statement": [{"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*", "Condition": {}}]}
     with pytest.raises(AssertionError):
         assert_least_privilege(bad, "x")
+
+
+def test_controller_launches_only_from_the_stack_templates_tagged_with_the_stack():
+    doc = controller_policy()
+    assert_least_privilege(doc, "gpufleet/dev")
+    launch = _statements_with(doc, "ec2:RunInstances")
+    created = [st for st in launch if any(r.endswith("/*") for r in _list(st["Resource"]))]
+    # what a launch creates comes from one of the stack's templates; the instance carries the stack's tag
+    assert {r for st in created for r in _list(st["Resource"])} == {
+        f"{EC2}:instance/*", f"{EC2}:volume/*", f"{EC2}:network-interface/*", f"{EC2}:spot-instances-request/*"}
+    for st in created:
+        assert st["Condition"]["ArnEquals"] == {"ec2:LaunchTemplate": TEMPLATES}
+    (instances,) = [st for st in created if st["Resource"] == f"{EC2}:instance/*"]
+    assert instances["Condition"]["StringEquals"] == {"aws:RequestTag/gpufleet-stack": "dev"}
+    # and the resources it names are the stack's own, one by one
+    (named,) = [st for st in launch if st not in created]
+    assert named["Resource"] == [*TEMPLATES, f"{EC2}:subnet/subnet-1", f"{EC2}:security-group/sg-1",
+                                 "arn:aws:ec2:eu-west-1::image/ami-1", f"{EC2}:placement-group/pg"]
+    assert not [st for st in launch if "*" in _list(st["Resource"])]
+
+
+def test_controller_names_and_terminates_only_stack_instances_and_passes_only_the_node_role():
+    doc = controller_policy()
+    (terminate,) = _statements_with(doc, "ec2:TerminateInstances")
+    assert terminate["Resource"] == f"{EC2}:instance/*"
+    assert terminate["Condition"] == {"StringEquals": {"ec2:ResourceTag/gpufleet-stack": "dev"}}
+    tagging = _statements_with(doc, "ec2:CreateTags")
+    on_create, naming = tagging
+    assert on_create["Condition"] == {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateFleet"]}}
+    assert naming["Condition"] == {"StringEquals": {"ec2:ResourceTag/gpufleet-stack": "dev"},
+                                   "ForAllValues:StringEquals": {"aws:TagKeys": ["gpufleet-slurm-node", "Name"]}}
+    (pass_role,) = _statements_with(doc, "iam:PassRole")
+    assert pass_role["Resource"] == NODE_ROLE
+    assert pass_role["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    (slr,) = _statements_with(doc, "iam:CreateServiceLinkedRole")
+    assert slr["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
+    # the key is used for the nodes' volumes only through EC2, and grants only for AWS resources
+    for st in _statements_with(doc, "kms:CreateGrant") + _statements_with(doc, "kms:ReEncryptFrom"):
+        assert st["Resource"] == KEY
+        assert st["Condition"]["StringEquals"] == {"kms:ViaService": "ec2.eu-west-1.amazonaws.com"}
+    (grant,) = _statements_with(doc, "kms:CreateGrant")
+    assert grant["Condition"]["Bool"] == {"kms:GrantIsForAWSResource": True}
+
+
+def test_controller_keeps_the_munge_key_and_consumes_the_queue():
+    doc = controller_policy()
+    (munge,) = [st for st in doc["Statement"] if MUNGE in _list(st["Resource"])]
+    assert sorted(munge["Action"]) == ["secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"]
+    on_queue = {a for st in doc["Statement"] if st["Resource"] == QUEUE for a in st["Action"]}
+    assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= on_queue
+    on_dlq = {a for st in doc["Statement"] if st["Resource"] == DLQ for a in st["Action"]}
+    assert on_dlq == {"sqs:GetQueueUrl", "sqs:SendMessage"}  # it puts jobs there; it never reads them
+
+
+def test_shared_fs_takes_tls_only_nodes_through_home_and_root_for_the_controller_alone():
+    doc = policies.shared_fs_policy(FS, HOME_AP, STATE_AP, NODE_ROLE, CONTROLLER_ROLE)
+    deny, nodes, controller, root = doc["Statement"]
+    assert (deny["Effect"], deny["Condition"]) == ("Deny", {"Bool": {"aws:SecureTransport": "false"}})
+    assert nodes["Principal"] == {"AWS": NODE_ROLE}
+    assert nodes["Action"] == ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    assert nodes["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [HOME_AP]}}
+    assert controller["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [HOME_AP, STATE_AP]}}
+    assert (root["Principal"], root["Action"]) == ({"AWS": CONTROLLER_ROLE}, "elasticfilesystem:ClientRootAccess")
+    assert root["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [HOME_AP]}}
+    assert all(st["Resource"] == FS for st in doc["Statement"])
 
 
 def test_bucket_policy_denies_plain_http_and_old_tls():
@@ -58,50 +147,14 @@ def test_bucket_policy_denies_plain_http_and_old_tls():
         assert st["Resource"] == [BUCKET, f"{BUCKET}/*"] and st["Principal"] == "*"
 
 
-def test_key_policy_limits_logs_to_the_stack_log_groups():
-    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev", "/gpufleet/dev/vpc-flow-logs"], SLR)
+def test_key_policy_limits_logs_to_the_stack_log_groups_and_names_no_other_principal():
+    doc = policies.key_policy(ACCOUNT, "eu-west-1", ["/gpufleet/dev", "/gpufleet/dev/vpc-flow-logs"])
     logs = next(st for st in doc["Statement"] if st["Sid"] == "CloudWatchLogsForStackLogGroups")
     assert logs["Principal"] == {"Service": "logs.eu-west-1.amazonaws.com"}
     assert logs["Condition"] == {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": [LOGS, FLOW_LOGS]}}
     assert "kms:GenerateDataKey" in logs["Action"] and "kms:Decrypt" in logs["Action"]
-
-
-def test_key_policy_lets_the_autoscaling_role_encrypt_node_volumes():
-    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
-    assert_autoscaling_ebs_grants(doc, SLR)
-    sids = [st["Sid"] for st in doc["Statement"]]
-    assert len(sids) == len(set(sids)) == 5
-
-
-def test_ebs_grant_check_rejects_a_grant_without_the_aws_resource_condition():
-    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
-    del doc["Statement"][-1]["Condition"]
-    with pytest.raises(AssertionError):
-        assert_autoscaling_ebs_grants(doc, SLR)
-    doc = policies.key_policy("123456789012", "eu-west-1", ["/gpufleet/dev"], SLR)
-    doc["Statement"][-2]["Action"] = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
-                                      "kms:DescribeKey"]
-    with pytest.raises(AssertionError):
-        assert_autoscaling_ebs_grants(doc, SLR)
-
-
-@pytest.mark.parametrize("prefix,suffix", [
-    ("gpufleet-dev", "gpufleet-dev"),
-    ("gpufleet-team.a_b@x", "gpufleet-team.a_b@x"),       # IAM allows \w+=,.@-
-    ("gpufleet-a/b c:ä", "gpufleet-a-b-c--"),             # anything else becomes '-'
-])
-def test_role_suffix_keeps_a_short_stack_prefix(prefix, suffix):
-    assert role_suffix(prefix) == suffix
-
-
-def test_role_suffix_fits_the_iam_role_name_limit_and_stays_unique():
-    a, b = (role_suffix("gpufleet-" + "research-cluster-eu-" * 3 + end) for end in ("one", "two"))
-    assert a != b
-    for s in (a, b):
-        assert len("AWSServiceRoleForAutoScaling_" + s) == 64
-        assert re.fullmatch(r"[A-Za-z0-9_+=,.@-]+", s)
-        assert s.startswith("gpufleet-research-cluster")
-    assert role_suffix("gpufleet-" + "x" * 26) == "gpufleet-" + "x" * 26   # exactly 64 with the prefix
+    assert [st["Sid"] for st in doc["Statement"]] == ["AccountAdministration", "CloudWatchLogsForStackLogGroups",
+                                                      "AlertTopicPublishers"]
 
 
 def test_flow_log_role_trusts_only_vpc_flow_logs_of_this_account():
@@ -128,46 +181,63 @@ def test_partition(region, part):
     assert policies.partition(region) == part
 
 
-# Every AWS call the node-side trainer makes (agent, preflight, rendezvous, checkpoints), as an IAM action.
+# Every AWS call the trainer makes (nodes' tasks and setup, the controller's bridge and power saving,
+# checkpoints), as an IAM action.
 TRAINER_CALLS = {
     "receive_message": "sqs:ReceiveMessage", "delete_message": "sqs:DeleteMessage",
     "change_message_visibility": "sqs:ChangeMessageVisibility",
-    "set_instance_protection": "autoscaling:SetInstanceProtection",
-    "complete_lifecycle_action": "autoscaling:CompleteLifecycleAction",
-    "set_instance_health": "autoscaling:SetInstanceHealth",
-    "describe_auto_scaling_instances": "autoscaling:DescribeAutoScalingInstances",
-    "describe_auto_scaling_groups": "autoscaling:DescribeAutoScalingGroups",
-    "describe_instances": "ec2:DescribeInstances",
+    "describe_instances": "ec2:DescribeInstances", "describe_tags": "ec2:DescribeTags",
+    "create_fleet": "ec2:CreateFleet", "create_tags": "ec2:CreateTags", "terminate_instances": "ec2:TerminateInstances",
     "get_object": "s3:GetObject", "head_object": "s3:GetObject", "download_fileobj": "s3:GetObject",
     "upload_fileobj": "s3:PutObject", "upload_file": "s3:PutObject", "delete_object": "s3:DeleteObject",
     "list_objects_v2": "s3:ListBucket", "put_object": "s3:PutObject", "delete_objects": "s3:DeleteObject",
     "send_message": "sqs:SendMessage", "get_queue_attributes": "sqs:GetQueueAttributes",
     "get_queue_url": "sqs:GetQueueUrl", "get_parameter": "ssm:GetParameter",
     "get_authorization_token": "ecr:GetAuthorizationToken",
+    "get_secret_value": "secretsmanager:GetSecretValue", "put_secret_value": "secretsmanager:PutSecretValue",
 }
-# The services whose clients the node-side trainer makes.
-TRAINER_SERVICES = ("sqs", "s3", "autoscaling", "ec2", "ecr", "ssm", "cloudwatch", "logs", "sts")
+# The per-node agent's Auto Scaling calls: it runs on no Slurm stack (it goes once the last stack runs Slurm).
+AGENT_ONLY = {"set_instance_protection", "complete_lifecycle_action", "set_instance_health",
+              "describe_auto_scaling_instances", "describe_auto_scaling_groups"}
+# The services whose clients the trainer makes.
+TRAINER_SERVICES = ("sqs", "s3", "autoscaling", "ec2", "ecr", "ssm", "cloudwatch", "logs", "sts", "secretsmanager")
+# What a node calls: its jobs' checkpoints and secrets, registry logins, its own Slurm name and the munge key.
+NODE_CALLS = {"get_object", "put_object", "list_objects_v2", "delete_object", "get_parameter",
+              "get_authorization_token", "describe_tags", "get_secret_value"}
 
 
-def test_node_policy_allows_every_call_the_trainer_makes():
-    """Every operation of an AWS client that the node-side trainer calls (directly or through a paginator)
-    has its IAM action in TRAINER_CALLS, and the node's policy (with the registry's pull statements) allows it."""
+def _called() -> set[str]:
     import boto3
 
     source = "\n".join(p.read_text() for p in (Path(__file__).parents[3] / "trainer").rglob("*.py")
-                       if p.parent.name != "clouds" or p.name == "aws.py")  # the AWS side: not the other clouds
+                       if p.parent.name != "clouds" or p.name.startswith("aws"))  # the AWS side: not the other clouds
     operations = set().union(*(boto3.client(s, region_name="eu-west-1").meta.method_to_api_mapping
                                for s in TRAINER_SERVICES))
     named = set(re.findall(r"\.(\w+)\(", source)) | set(re.findall(r"get_paginator\(\s*[\"'](\w+)", source))
-    called = {m for m in named if m in operations or m in TRAINER_CALLS}
-    assert {"receive_message", "send_message", "get_parameter", "set_instance_health", "complete_lifecycle_action",
-            "list_objects_v2"} <= called
+    return {m for m in named if m in operations or m in TRAINER_CALLS or m in AGENT_ONLY}
+
+
+def test_the_two_roles_allow_every_call_the_trainer_makes():
+    """Every operation of an AWS client that the trainer calls (directly or through a paginator) has its IAM action
+    in TRAINER_CALLS, and the node's policy (with the registry's pull statements) or the controller's allows it."""
+    called = _called() - AGENT_ONLY
+    assert {"receive_message", "create_fleet", "terminate_instances", "get_secret_value", "put_secret_value",
+            "get_parameter", "list_objects_v2", "describe_tags"} <= called
     assert called <= set(TRAINER_CALLS), f"which IAM action do {sorted(called - set(TRAINER_CALLS))} need?"
-    doc = node_policy()
-    statements = doc["Statement"] + registry.pull_statements("eu-west-1", "123456789012", "gpufleet-dev", [])
-    allowed = {a for st in statements if st["Effect"] == "Allow"
-               for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+    statements = (node_policy()["Statement"] + controller_policy()["Statement"]
+                  + registry.pull_statements("eu-west-1", ACCOUNT, "gpufleet-dev", []))
+    allowed = {a for st in statements if st["Effect"] == "Allow" for a in _list(st["Action"])}
     assert {TRAINER_CALLS[m] for m in called} <= allowed
+
+
+def test_the_node_role_allows_what_a_node_calls_and_no_more():
+    assert NODE_CALLS <= _called()
+    statements = node_policy()["Statement"] + registry.pull_statements("eu-west-1", ACCOUNT, "gpufleet-dev", [])
+    allowed = {a for st in statements if st["Effect"] == "Allow" for a in _list(st["Action"])}
+    assert {TRAINER_CALLS[m] for m in NODE_CALLS} <= allowed
+    controller_only = {TRAINER_CALLS[m] for m in ("receive_message", "create_fleet", "terminate_instances",
+                                                  "create_tags", "put_secret_value", "describe_instances")}
+    assert not controller_only & allowed
 
 
 # What the CloudWatch agent needs to resolve each placeholder of its config (CloudWatch User Guide, the agent
@@ -198,7 +268,7 @@ def test_node_role_lets_the_cloudwatch_agent_resolve_every_placeholder():
 
 def test_without_describe_tags_the_placeholder_check_fails():
     doc = node_policy()
-    doc["Statement"] = [st for st in doc["Statement"] if st.get("Sid") != "ResolveAgentDimensions"]
+    doc["Statement"] = [st for st in doc["Statement"] if st.get("Sid") != "ReadOwnTags"]
     assert "ec2:DescribeTags" not in _allowed_on_any_resource(doc)
 
 

@@ -1,4 +1,5 @@
-"""The AWS stack on Pulumi's mock runtime: security properties for dev and prod, EFA, scaling, tags."""
+"""The AWS stack on Pulumi's mock runtime: security properties for dev and prod, the Slurm controller, the
+partitions' launch templates, EFA, the shared file system, tags."""
 from __future__ import annotations
 
 import importlib
@@ -8,22 +9,25 @@ import json
 import pulumi
 import pytest
 
-from infra import scaling
+from infra import slurm
 from infra.aws import efa, network
+from infra.aws import stack as aws_stack
 from infra.catalog import CATALOG
-from tests.infra.aws.harness import (ACCOUNT, assert_autoscaling_ebs_grants, assert_least_privilege, build_stack,
-                                     stack_config)
+from tests.infra.aws.harness import ACCOUNT, assert_least_privilege, build_stack, stack_config
 
 STACKS = ["dev", "prod"]
 T = {  # resource type tokens
     "bucket": "aws:s3/bucket:Bucket", "key": "aws:kms/key:Key", "queue": "aws:sqs/queue:Queue",
-    "lt": "aws:ec2/launchTemplate:LaunchTemplate", "asg": "aws:autoscaling/group:Group",
+    "lt": "aws:ec2/launchTemplate:LaunchTemplate", "instance": "aws:ec2/instance:Instance",
+    "eni": "aws:ec2/networkInterface:NetworkInterface", "secret": "aws:secretsmanager/secret:Secret",
+    "efs": "aws:efs/fileSystem:FileSystem", "ap": "aws:efs/accessPoint:AccessPoint",
+    "mount": "aws:efs/mountTarget:MountTarget", "partition": "gpufleet:aws:Partition",
     "sg": "aws:ec2/securityGroup:SecurityGroup", "ingress": "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
     "egress": "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", "endpoint": "aws:ec2/vpcEndpoint:VpcEndpoint",
     "subnet": "aws:ec2/subnet:Subnet", "alarm": "aws:cloudwatch/metricAlarm:MetricAlarm",
-    "policy": "aws:autoscaling/policy:Policy", "log_group": "aws:cloudwatch/logGroup:LogGroup",
+    "log_group": "aws:cloudwatch/logGroup:LogGroup",
     "role": "aws:iam/role:Role", "role_policy": "aws:iam/rolePolicy:RolePolicy", "flow_log": "aws:ec2/flowLog:FlowLog",
-    "slr": "aws:iam/serviceLinkedRole:ServiceLinkedRole", "repo": "aws:ecr/repository:Repository",
+    "repo": "aws:ecr/repository:Repository",
 }
 
 
@@ -46,8 +50,10 @@ def _log_group(b, name):
 def test_private_network_without_internet_path(built):
     types = {r.type for r in built.resources}
     for forbidden in ("aws:ec2/internetGateway:InternetGateway", "aws:ec2/natGateway:NatGateway",
-                      "aws:ec2/eip:Eip", "aws:ec2/route:Route", "aws:ec2/instance:Instance"):
+                      "aws:ec2/eip:Eip", "aws:ec2/route:Route", "aws:autoscaling/group:Group"):
         assert forbidden not in types
+    (controller,) = built.of_type(T["instance"])  # the one instance the stack runs itself: GPU nodes come from Slurm
+    assert "associatePublicIpAddress" not in controller.inputs and "subnetId" not in controller.inputs
     subnets = built.of_type(T["subnet"])
     assert len(subnets) == (1 if built.cfg.mode == "gang" else 3)
     assert all(s.inputs["mapPublicIpOnLaunch"] is False for s in subnets)
@@ -77,9 +83,10 @@ def test_endpoints_replace_a_nat(built):
     for ep in endpoints.values():
         (statement,) = json.loads(ep.inputs["policy"])["Statement"]
         assert (statement["Principal"], statement["Resource"], statement["Condition"]) == ("*", "*", account)
-    endpoint_ingress = built.one(T["ingress"], "endpoints-ingress")
-    assert (endpoint_ingress.inputs["fromPort"], endpoint_ingress.inputs["toPort"]) == (443, 443)
-    assert endpoint_ingress.inputs["referencedSecurityGroupId"] == built.outputs["nodeSecurityGroup"]
+    for who, sg in (("nodes", "nodeSecurityGroup"), ("controller", "controllerSecurityGroup")):
+        endpoint_ingress = built.one(T["ingress"], f"endpoints-ingress-{who}")
+        assert (endpoint_ingress.inputs["fromPort"], endpoint_ingress.inputs["toPort"]) == (443, 443)
+        assert endpoint_ingress.inputs["referencedSecurityGroupId"] == built.outputs[sg]
 
 
 def test_no_ssh_and_no_open_ingress(built):
@@ -91,8 +98,36 @@ def test_no_ssh_and_no_open_ingress(built):
         if rule.inputs["ipProtocol"] != "-1":
             assert not rule.inputs["fromPort"] <= 22 <= rule.inputs["toPort"]
     lt = built.one(T["lt"])
-    assert "keyName" not in lt.inputs
+    assert "keyName" not in lt.inputs and "keyName" not in built.one(T["instance"]).inputs
     assert "vpcSecurityGroupIds" not in lt.inputs
+
+
+def _rules(b, sg_id: str) -> set[tuple]:
+    """(direction, peer security group, from port, to port) of a group's rules."""
+    out = set()
+    for kind in ("ingress", "egress"):
+        for r in b.of_type(T[kind]):
+            if r.inputs["securityGroupId"] == sg_id and "referencedSecurityGroupId" in r.inputs:
+                out.add((kind, r.inputs["referencedSecurityGroupId"], r.inputs.get("fromPort"), r.inputs.get("toPort")))
+    return out
+
+
+def test_slurm_and_nfs_traffic_is_held_to_its_ports(built):
+    o = built.outputs
+    nodes, ctl = o["nodeSecurityGroup"], o["controllerSecurityGroup"]
+    fs = built.one(T["sg"], "-shared-fs").id
+    low, high = slurm.SRUN_PORTS
+    assert {r for r in _rules(built, ctl) if r[1] == nodes} == {
+        ("ingress", nodes, 6817, 6817), ("ingress", nodes, low, high), ("egress", nodes, 6818, 6818)}
+    assert {r for r in _rules(built, nodes) if r[1] == ctl} == {
+        ("egress", ctl, 6817, 6817), ("egress", ctl, low, high), ("ingress", ctl, 6818, 6818)}
+    assert _rules(built, fs) == {("ingress", nodes, 2049, 2049), ("ingress", ctl, 2049, 2049)}
+    for sg in (nodes, ctl):
+        assert ("egress", fs, 2049, 2049) in _rules(built, sg)
+    # the controller's address: an interface of its own in the first subnet, in the controller's group
+    eni = built.one(T["eni"])
+    assert eni.inputs["subnetId"] == o["subnetIds"][0] and eni.inputs["securityGroups"] == [ctl]
+    assert o["controllerAddress"] == eni.state["privateIp"]
 
 
 def test_node_to_node_rules_only_in_gang_mode(built):
@@ -107,16 +142,17 @@ def test_node_to_node_rules_only_in_gang_mode(built):
         assert self_rules == []
 
 
-def test_gang_mode_has_cluster_placement_group_and_one_subnet(built):
-    asg = built.one(T["asg"])
+def test_gang_partition_has_a_cluster_placement_group_and_one_subnet(built):
     groups = built.of_type("aws:ec2/placementGroup:PlacementGroup")
+    nodes = built.controller_file("/etc/gpufleet/nodes.json")["partitions"]["gpu"]
     if built.cfg.mode == "gang":
         assert [g.inputs["strategy"] for g in groups] == ["cluster"]
-        assert asg.inputs["placementGroup"] == groups[0].state["name"] == built.outputs["placementGroup"]
-        assert len(asg.inputs["vpcZoneIdentifiers"]) == 1
+        assert nodes["placement_group"] == groups[0].state["name"] == built.outputs["placementGroups"]["gpu"]
+        assert nodes["subnet_ids"] == built.outputs["subnetIds"] and len(nodes["subnet_ids"]) == 1
+        assert nodes["gang"] is True
     else:
-        assert groups == [] and "placementGroup" not in asg.inputs
-        assert len(asg.inputs["vpcZoneIdentifiers"]) == 3
+        assert groups == [] and nodes["placement_group"] is None
+        assert nodes["subnet_ids"] == built.outputs["subnetIds"] and len(nodes["subnet_ids"]) == 3
 
 
 def test_no_public_ip_on_any_interface(built):
@@ -317,29 +353,68 @@ def test_queues_encrypted_redriven_tls_only(built):
 
 # --- identity -----------------------------------------------------------------------------------
 
+def _policy_resources(doc: dict) -> set[str]:
+    return {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
+
+
 def test_node_identity_is_least_privilege_and_ssm_only(built):
     role = built.one(T["role"], "-node")
     assume = json.loads(role.inputs["assumeRolePolicy"])
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
     assert "managedPolicyArns" not in role.inputs and "inlinePolicies" not in role.inputs
-    attached = [r.inputs["policyArn"] for r in built.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")]
-    assert attached == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"]
+    attached = {r.inputs["role"]: r.inputs["policyArn"]
+                for r in built.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    ssm = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    assert attached == {role.state["name"]: ssm, built.one(T["role"], "-controller").state["name"]: ssm}
     doc = json.loads(built.one(T["role_policy"], "-node").inputs["policy"])
     assert_least_privilege(doc, f"gpufleet/{built.cfg.stack}")
     bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
-    queue_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["queueUrl"])
-    dlq_arn = next(q.state["arn"] for q in built.of_type(T["queue"]) if q.state["url"] == built.outputs["dlqUrl"])
     log_arn = _log_group(built, built.outputs["logGroup"]).state["arn"]
-    scoped = {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
     repositories = {built.one(T["repo"]).state["arn"]} | {
         f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{rule.prefix}/*" for rule in built.cfg.pull_through}
     secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
-    assert scoped - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], queue_arn, dlq_arn, secrets, log_arn,
-                              log_arn + ":*", f"arn:aws:autoscaling:{built.cfg.region}:123456789012:autoScalingGroup:*:"
-                                              f"autoScalingGroupName/{built.outputs['autoscalingGroup']}"} | repositories
-    profile = built.one("aws:iam/instanceProfile:InstanceProfile")
+    assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], secrets,
+                                              log_arn, log_arn + ":*", built.outputs["mungeKeySecret"]} | repositories
+    profile = built.one("aws:iam/instanceProfile:InstanceProfile", "-node")
     assert profile.inputs["role"] == role.state["name"]
     assert built.one(T["lt"]).inputs["iamInstanceProfile"] == {"arn": profile.state["arn"]}
+
+
+def test_controller_identity_launches_only_the_stack_nodes(built):
+    o = built.outputs
+    role = built.one(T["role"], "-controller")
+    profile = built.one("aws:iam/instanceProfile:InstanceProfile", "-controller")
+    assert profile.inputs["role"] == role.state["name"]
+    assert built.one(T["instance"]).inputs["iamInstanceProfile"] == profile.state["name"]
+    policy = built.one(T["role_policy"], "-controller")
+    assert policy.inputs["role"] == role.state["name"]
+    doc = json.loads(policy.inputs["policy"])
+    assert_least_privilege(doc, f"gpufleet/{built.cfg.stack}")
+    lt = built.one(T["lt"])
+    by_sid = {st["Sid"]: st for st in doc["Statement"]}
+    assert by_sid["LaunchNodesTagged"]["Condition"]["ArnEquals"] == {"ec2:LaunchTemplate": [lt.state["arn"]]}
+    region = built.cfg.region
+    ec2 = f"arn:aws:ec2:{region}:{ACCOUNT}"
+    groups = [g for g in o["placementGroups"].values() if g]
+    assert by_sid["LaunchFromStackResources"]["Resource"] == [
+        lt.state["arn"], *(f"{ec2}:subnet/{s}" for s in o["subnetIds"]),
+        f"{ec2}:security-group/{o['nodeSecurityGroup']}", f"arn:aws:ec2:{region}::image/{o['ami']}",
+        *(f"{ec2}:placement-group/{g}" for g in groups)]
+    assert by_sid["PassNodeRole"]["Resource"] == o["nodeRole"]
+    assert by_sid["KeepMungeKey"]["Resource"] == o["mungeKeySecret"]
+    assert by_sid["TerminateStackNodes"]["Condition"] == {
+        "StringEquals": {"ec2:ResourceTag/gpufleet-stack": built.cfg.stack}}
+    # the instance waits for its rights
+    assert built.resources.index(policy) < built.resources.index(built.one(T["instance"]))
+
+
+def test_munge_key_secret_is_empty_and_encrypted_with_the_stack_key(built):
+    secret = built.one(T["secret"])
+    assert secret.inputs["kmsKeyId"] == built.outputs["kmsKey"]
+    assert secret.state["arn"] == built.outputs["mungeKeySecret"]
+    # no value in the program: the controller makes the key at its first boot
+    assert not [r for r in built.resources if r.type.startswith("aws:secretsmanager/secretVersion")]
+    assert "secretString" not in secret.inputs and "secretBinary" not in secret.inputs
 
 
 # --- compute ------------------------------------------------------------------------------------
@@ -353,26 +428,34 @@ def test_launch_template_hardening(built):
     assert root["deviceName"] == "/dev/sda1"  # the AMI's root device, from the one AMI lookup
     assert root["ebs"]["volumeType"] == "gp3" and root["ebs"]["encrypted"] == "true"
     assert root["ebs"]["kmsKeyId"] == built.outputs["kmsKey"]
-    assert "instanceType" not in lt, "types come from the mixed-instances overrides"
+    assert "instanceType" not in lt, "types come from the node provider's CreateFleet overrides"
+
+
+def test_controller_hardening(built):
+    o, c = built.outputs, built.one(T["instance"]).inputs
+    assert c["metadataOptions"]["httpTokens"] == "required" and c["metadataOptions"]["httpPutResponseHopLimit"] == 1
+    assert c["rootBlockDevice"]["encrypted"] is True and c["rootBlockDevice"]["kmsKeyId"] == o["kmsKey"]
+    assert c["networkInterfaces"] == [{"networkInterfaceId": built.one(T["eni"]).id, "deviceIndex": 0}]
+    assert c["instanceType"] == built.cfg.controller.instance_type == "m6i.large"
+    assert c["ami"] == o["ami"] and c["maintenanceOptions"] == {"autoRecovery": "default"}
+    assert c["userDataReplaceOnChange"] is True
 
 
 @pytest.mark.parametrize("variant", ["dev", "prod", "phi"])
-def test_root_volumes_use_the_stack_key_through_the_stack_autoscaling_role(variant, request):
+def test_root_volumes_use_the_stack_key_which_names_no_other_principal(variant, request):
     b = request.getfixturevalue(variant)
     key = b.one(T["key"])
     (root,) = b.one(T["lt"]).inputs["blockDeviceMappings"]
     assert root["ebs"] == {"volumeSize": 200, "volumeType": "gp3", "encrypted": "true",
                            "kmsKeyId": key.state["arn"], "deleteOnTermination": "true"}
-    slr = b.one(T["slr"])
-    assert slr.inputs["awsServiceName"] == "autoscaling.amazonaws.com"
-    assert slr.inputs["customSuffix"] == f"gpufleet-{b.cfg.stack}"
-    assert slr.state["arn"] == (f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/autoscaling.amazonaws.com/"
-                                f"AWSServiceRoleForAutoScaling_gpufleet-{b.cfg.stack}")
-    assert b.one(T["asg"]).inputs["serviceLinkedRoleArn"] == slr.state["arn"] == b.outputs["autoscalingServiceRole"]
-    assert_autoscaling_ebs_grants(json.loads(key.inputs["policy"]), slr.state["arn"])
-    # the key policy names the role, so the role exists before the key
-    assert b.resources.index(slr) < b.resources.index(key)
-    # nodes need no key rights for their own volumes (EC2 uses the grants); theirs are for S3 and SQS
+    key_doc = json.loads(key.inputs["policy"])
+    assert [st["Sid"] for st in key_doc["Statement"]] == ["AccountAdministration", "CloudWatchLogsForStackLogGroups",
+                                                          "AlertTopicPublishers"]
+    # EC2 encrypts the nodes' volumes with the launching controller's rights, through EC2 only
+    ctl_doc = json.loads(b.one(T["role_policy"], "-controller").inputs["policy"])
+    grants = [st for st in ctl_doc["Statement"] if st["Sid"] in ("EncryptNodeVolumes", "EncryptNodeVolumeGrants")]
+    assert [st["Resource"] for st in grants] == [key.state["arn"]] * 2
+    # nodes need no key rights for their own volumes; theirs are for S3
     node_doc = json.loads(b.one(T["role_policy"], "-node").inputs["policy"])
     node_kms = [st for st in node_doc["Statement"] if str(st["Action"]).startswith(("kms:", "['kms:"))]
     assert [(st["Action"], st["Resource"]) for st in node_kms] == [(["kms:Decrypt", "kms:GenerateDataKey"],
@@ -387,6 +470,7 @@ def test_ami_looked_up_once_by_id_or_name(built):
         r.credential_secret for r in built.cfg.pull_through if r.credential_secret)
     # caller identity, availability zones, AMI: each once; one secret lookup per credentialed cache rule
     assert len(built.calls) == 3 + len(secrets)
+    assert built.one(T["instance"]).inputs["ami"] == built.outputs["ami"]
     image = built.cfg.image
     filters = {f["name"]: f["values"] for f in amis[0]["filters"]}
     if image.id:
@@ -403,7 +487,7 @@ def test_efa_interfaces_in_launch_template(built):
     got = tuple(efa.Interface(int(n["networkCardIndex"]), int(n["deviceIndex"]), n["interfaceType"]) for n in nics)
     assert got == expected
     assert efa.efa_count(got) == (32 if built.cfg.stack == "prod" else 0)
-    assert built.outputs["efaInterfacesPerNode"] == efa.efa_count(got)
+    assert built.outputs["efaInterfacesPerNode"] == {"gpu": efa.efa_count(got)}
 
 
 @pytest.mark.parametrize("instance_type,count", [("p4d.24xlarge", 4), ("p5e.48xlarge", 32), ("p5en.48xlarge", 16),
@@ -416,76 +500,94 @@ def test_efa_layout_reaches_the_launch_template(instance_type, count):
     assert b.node_json()["instance_types"][instance_type]["efa"] == count
 
 
-def test_user_data_writes_node_settings_and_starts_the_agent(built):
+def test_node_user_data_writes_node_settings_and_starts_the_node(built):
     assert built.user_data().startswith("#cloud-config")
-    assert "gpufleet-agent.service" in built.user_data()
+    assert "gpufleet-node.service" in built.user_data() and "gpufleet-agent" not in built.user_data()
     node = built.node_json()
     o = built.outputs
-    assert node["bucket"] == o["bucket"] and node["queue_url"] == o["queueUrl"]
-    assert node["asg_name"] == o["autoscalingGroup"] and node["log_group"] == o["logGroup"]
-    assert node["metric_namespace"] == f"gpufleet/{built.cfg.stack}" and node["mode"] == built.cfg.mode
-    assert node["node_count"] == (4 if built.cfg.mode == "gang" else 1)
+    assert node["bucket"] == o["bucket"] and node["log_group"] == o["logGroup"]
+    assert node["metric_namespace"] == f"gpufleet/{built.cfg.stack}"
+    assert not {"mode", "node_count", "queue_url"} & set(node)  # Slurm's partitions; a node polls no queue
     assert set(node["instance_types"]) == set(built.cfg.instance_types)
-    hooks = {h["lifecycleTransition"]: h["name"] for h in built.one(T["asg"]).inputs["initialLifecycleHooks"]}
-    assert node["launch_hook"] == hooks["autoscaling:EC2_INSTANCE_LAUNCHING"]
-    assert node["terminate_hook"] == hooks["autoscaling:EC2_INSTANCE_TERMINATING"]
+    assert node["slurm"] == {"controller_addr": o["controllerAddress"], "controller_port": 6817,
+                             "munge": o["mungeKeySecret"]}
+    (home,) = node["mounts"]
+    assert home["source"] == f"{o['sharedFileSystem']}:/" and home["target"] == "/home" and home["type"] == "efs"
+    assert "tls" in home["options"].split(",") and "iam" in home["options"].split(",")
 
 
-def test_autoscaling_group(built):
-    cfg, asg = built.cfg, built.one(T["asg"]).inputs
-    mip = asg["mixedInstancesPolicy"]
-    dist = mip["instancesDistribution"]
-    assert dist["spotAllocationStrategy"] == "price-capacity-optimized"
-    assert dist["onDemandBaseCapacity"] == cfg.on_demand_base
-    assert dist["onDemandPercentageAboveBaseCapacity"] == (0 if cfg.spot else 100)
-    assert [o["instanceType"] for o in mip["launchTemplate"]["overrides"]] == list(cfg.instance_types)
-    spec = mip["launchTemplate"]["launchTemplateSpecification"]
-    assert spec["launchTemplateId"] == built.outputs["launchTemplate"] and spec["version"] == "1"
-    assert asg["capacityRebalance"] is cfg.spot
-    hooks = {h["lifecycleTransition"]: h for h in asg["initialLifecycleHooks"]}
-    assert hooks["autoscaling:EC2_INSTANCE_LAUNCHING"]["defaultResult"] == "ABANDON"
-    assert hooks["autoscaling:EC2_INSTANCE_TERMINATING"]["defaultResult"] == "CONTINUE"
-    assert hooks["autoscaling:EC2_INSTANCE_TERMINATING"]["heartbeatTimeout"] >= 120
-    assert "GroupInServiceInstances" in asg["enabledMetrics"]
-    assert asg["instanceRefresh"]["strategy"] == "Rolling"
-    assert asg["waitForCapacityTimeout"] == "0"
-    assert asg["vpcZoneIdentifiers"] == built.outputs["subnetIds"]
+def test_controller_user_data_holds_the_cluster_and_no_secret(built):
+    o = built.outputs
+    text = built.controller_user_data()
+    conf = built.controller_file("/etc/slurm/slurm.conf")
+    assert f"SlurmctldHost=controller({o['controllerAddress']})" in conf.splitlines()
+    assert "enable_configless" in conf
+    assert "PartitionName=gpu Nodes=gpu-[1-4] Default=YES" in conf
+    nodes = built.controller_file("/etc/gpufleet/nodes.json")
+    assert nodes["provider"] == "aws" and "tags" not in nodes  # the launch templates tag the nodes
+    part = nodes["partitions"]["gpu"]
+    assert part["launch_template_id"] == o["launchTemplates"]["gpu"] == built.one(T["lt"]).id
+    assert (part["instance_types"], part["spot"], part["on_demand_base"]) == (
+        list(built.cfg.instance_types), built.cfg.spot, built.cfg.on_demand_base)
+    ctl = built.controller_file("/etc/gpufleet/controller.json")
+    assert (ctl["bucket"], ctl["queue_url"], ctl["partition"]) == (o["bucket"], o["queueUrl"], "gpu")
+    assert [m["target"] for m in ctl["mounts"]] == ["/home", "/var/spool/slurmctld"]
+    assert ctl["slurm"]["munge"] == o["mungeKeySecret"]
+    # the key's secret is named, never its value (the program has none)
+    assert "munge.key" not in text and "BEGIN" not in text
 
 
-def test_gang_mode_fixed_size_without_scaling(prod):
-    asg = prod.one(T["asg"]).inputs
-    assert (asg["minSize"], asg["maxSize"], asg["desiredCapacity"]) == (4, 4, 4)
-    assert prod.of_type(T["policy"]) == []
-    assert all("backlog" not in a.name for a in prod.of_type(T["alarm"]))
+def test_shared_file_system_encrypted_tls_only_in_the_stack_subnets(built):
+    o = built.outputs
+    fs = built.one(T["efs"])
+    assert fs.inputs["encrypted"] is True and fs.inputs["kmsKeyId"] == o["kmsKey"]
+    assert fs.id == o["sharedFileSystem"]
+    mounts = built.of_type(T["mount"])
+    assert sorted(m.inputs["subnetId"] for m in mounts) == sorted(o["subnetIds"])
+    sg = {m.inputs["securityGroups"][0] for m in mounts}
+    assert len(sg) == 1 and sg != {o["nodeSecurityGroup"]} and sg != {o["controllerSecurityGroup"]}
+    doc = json.loads(built.one("aws:efs/fileSystemPolicy:FileSystemPolicy").inputs["policy"])
+    assert doc["Statement"][0]["Effect"] == "Deny"
+    assert doc["Statement"][0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    home, state = sorted(built.of_type(T["ap"]), key=lambda a: a.name)
+    assert home.inputs["rootDirectory"]["path"] == "/home"
+    assert state.inputs["rootDirectory"]["path"] == "/slurm/state"
+    assert state.inputs["posixUser"] == {"uid": slurm.SLURM_UID, "gid": slurm.SLURM_GID}
+    assert state.inputs["rootDirectory"]["creationInfo"]["permissions"] == "0700"
 
 
-def _step_capacity_from_inputs(policy_inputs, backlog):
-    steps = [scaling.Step(float(s["metricIntervalLowerBound"]) if "metricIntervalLowerBound" in s else None,
-                          float(s["metricIntervalUpperBound"]) if "metricIntervalUpperBound" in s else None,
-                          int(s["scalingAdjustment"])) for s in policy_inputs["stepAdjustments"]]
-    return scaling.step_capacity(steps, backlog)
+def test_partition_component_carries_what_the_policies_judge(built):
+    (part,) = built.of_type(T["partition"])
+    cfg = built.cfg
+    assert part.inputs == {"partition": "gpu", "instanceTypes": list(cfg.instance_types), "maxNodes": cfg.nodes.max,
+                           "alwaysOn": cfg.nodes.min, "spot": cfg.spot, "onDemandBase": cfg.on_demand_base,
+                           "gang": cfg.mode == "gang", "gpusPerNode": cfg.primary.gpus,
+                           "efaInterfaces": 32 if cfg.stack == "prod" else 0, "subnetIds": built.outputs["subnetIds"]}
 
 
-def test_queue_mode_scales_from_zero_to_max_and_back_to_zero(dev):
-    asg = dev.one(T["asg"]).inputs
-    assert (asg["minSize"], asg["maxSize"], asg["desiredCapacity"]) == (0, 4, 0)
-    policy = dev.one(T["policy"])
-    assert policy.inputs["policyType"] == "StepScaling" and policy.inputs["adjustmentType"] == "ExactCapacity"
-    assert policy.inputs["autoscalingGroupName"] == "gpufleet-dev-nodes"
-    alarm = dev.one(T["alarm"], "backlog").inputs
-    assert alarm["alarmActions"] == [policy.state["arn"]]
-    assert alarm["comparisonOperator"] == "GreaterThanOrEqualToThreshold" and alarm["threshold"] == 0
-    queries = {q["id"]: q for q in alarm["metricQueries"]}
-    queue_name = next(q.state["name"] for q in dev.of_type(T["queue"]) if q.state["url"] == dev.outputs["queueUrl"])
-    assert queries["visible"]["metric"]["metricName"] == "ApproximateNumberOfMessagesVisible"
-    assert queries["in_flight"]["metric"]["metricName"] == "ApproximateNumberOfMessagesNotVisible"
-    assert all(queries[i]["metric"]["dimensions"] == {"QueueName": queue_name} for i in ("visible", "in_flight"))
-    assert queries["backlog"]["returnData"] is True
-    assert queries["backlog"]["expression"] == "FILL(visible, 0) + FILL(in_flight, 0)"
-    # Walk a day of jobs through the deployed steps: 0 -> max -> 0, running jobs keep their nodes.
-    day = [(0, 0, 0), (1, 0, 1), (3, 1, 4), (9, 4, 4), (0, 3, 3), (0, 1, 1), (0, 0, 0)]
-    for visible, in_flight, nodes in day:
-        assert _step_capacity_from_inputs(policy.inputs, visible + in_flight) == nodes
+def test_partitions_key_gives_a_template_per_partition():
+    cfg = stack_config("dev", {"gpufleet:partitions": [
+        {"name": "small", "instanceTypes": ["g6.xlarge"], "nodes": {"max": 8}, "spot": True},
+        {"name": "big", "instanceTypes": ["p5.48xlarge"], "nodes": {"max": 2}, "gang": True}]},
+        drop=("gpufleet:mode", "gpufleet:instanceTypes", "gpufleet:nodes", "gpufleet:spot"))
+    b = build_stack(cfg)
+    templates = {t.name: t for t in b.of_type(T["lt"])}
+    assert sorted(templates) == ["gpufleet-dev-big-node", "gpufleet-dev-small-node"]
+    big = templates["gpufleet-dev-big-node"].inputs["networkInterfaces"]
+    assert sum(n["interfaceType"] in ("efa", "efa-only") for n in big) == 32
+    assert len(templates["gpufleet-dev-small-node"].inputs["networkInterfaces"]) == 1
+    (group,) = b.of_type("aws:ec2/placementGroup:PlacementGroup")
+    parts = b.controller_file("/etc/gpufleet/nodes.json")["partitions"]
+    assert parts["big"]["placement_group"] == group.state["name"] and parts["small"]["placement_group"] is None
+    assert len(parts["big"]["subnet_ids"]) == 1 and len(parts["small"]["subnet_ids"]) == 3
+    conf = b.controller_file("/etc/slurm/slurm.conf")
+    assert "PartitionName=small Nodes=small-[1-8] Default=YES" in conf
+    assert "PartitionName=big Nodes=big-[1-2] Default=NO" in conf
+    # both templates, and only they, are what the controller may launch from
+    doc = json.loads(b.one(T["role_policy"], "-controller").inputs["policy"])
+    (launch,) = [st for st in doc["Statement"] if st["Sid"] == "LaunchNodesTagged"]
+    assert sorted(launch["Condition"]["ArnEquals"]["ec2:LaunchTemplate"]) == sorted(
+        t.state["arn"] for t in templates.values())
 
 
 # --- monitoring ---------------------------------------------------------------------------------
@@ -501,24 +603,26 @@ def test_monitoring(built):
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
                for s in topic_doc["Statement"])
     alarms = {a.name.removeprefix(f"gpufleet-{stack}-"): a.inputs for a in built.of_type(T["alarm"])}
+    assert set(alarms) == {"dead-letters", "old-jobs", "resume-failures", "controller-down", "idle-gpus"}
     queues = {q.state["url"]: q.state["name"] for q in built.of_type(T["queue"])}
     dlq = alarms["dead-letters"]
     assert dlq["dimensions"] == {"QueueName": queues[o["dlqUrl"]]} and dlq["threshold"] == 0
     assert dlq["comparisonOperator"] == "GreaterThanThreshold"
-    old = alarms["old-jobs"]  # waiting jobs only: visible messages, never the in-flight ones of running jobs
-    assert (old["metricName"], old["statistic"]) == ("ApproximateNumberOfMessagesVisible", "Minimum")
-    assert old["dimensions"] == {"QueueName": queues[o["queueUrl"]]}
-    assert old["period"] * old["evaluationPeriods"] == 3600 and old["datapointsToAlarm"] == old["evaluationPeriods"]
-    idle = {q["id"]: q for q in alarms["idle-gpus"]["metricQueries"]}
-    assert idle["gpu"]["metric"]["namespace"] == f"gpufleet/{stack}"
-    assert idle["nodes"]["metric"]["metricName"] == "GroupInServiceInstances"
-    assert idle["nodes"]["metric"]["dimensions"] == {"AutoScalingGroupName": o["autoscalingGroup"]}
-    # GPUs count as idle only where nodes measured them: no FILL turns a missing GPU metric into 0 %
-    assert idle["idle"]["expression"] == "IF(FILL(nodes, 0) > 0 AND gpu < 5, 1, 0)"
-    for name in ("dead-letters", "old-jobs", "idle-gpus"):
+    # jobs pending for over an hour and nodes that failed to power up: the bridge's gauges, from Slurm's state
+    for name, metric in (("old-jobs", "JobsPendingOverAnHour"), ("resume-failures", "NodesFailedToResume")):
+        a = alarms[name]
+        assert (a["namespace"], a["metricName"], a["threshold"]) == (f"gpufleet/{stack}", metric, 0)
+        assert a["comparisonOperator"] == "GreaterThanThreshold" and "dimensions" not in a
+    down = alarms["controller-down"]
+    assert (down["namespace"], down["metricName"]) == ("AWS/EC2", "StatusCheckFailed")
+    assert down["dimensions"] == {"InstanceId": o["controller"]} and down["treatMissingData"] == "breaching"
+    (idle,) = alarms["idle-gpus"]["metricQueries"]
+    assert idle["metric"]["namespace"] == f"gpufleet/{stack}" and idle["metric"]["metricName"] == "GPUUtilization"
+    assert alarms["idle-gpus"]["treatMissingData"] == "notBreaching"  # no node, no GPU metric: not idle
+    for name in alarms:
         assert alarms[name]["alarmActions"] == [o["alertTopic"]]
     body = json.loads(built.one("aws:cloudwatch/dashboard:Dashboard").inputs["dashboardBody"])
-    assert queues[o["queueUrl"]] in json.dumps(body) and len(body["widgets"]) >= 4
+    assert queues[o["queueUrl"]] in json.dumps(body) and "JobsPending" in json.dumps(body)
     budget = built.one("aws:budgets/budget:Budget").inputs
     assert budget["timeUnit"] == "MONTHLY" and budget["budgetType"] == "COST"
     assert float(budget["limitAmount"]) == built.cfg.budget_monthly_usd and budget["limitUnit"] == "USD"
@@ -542,8 +646,6 @@ def test_every_taggable_resource_carries_the_tags(built):
     assert len(taggable) > 30
     for r in taggable:
         tags = r.inputs.get("tags")
-        if r.type == T["asg"]:
-            tags = {t["key"]: t["value"] for t in tags if t["propagateAtLaunch"]}
         assert tags is not None and want.items() <= tags.items(), r.name
     specs = {s["resourceType"]: s["tags"] for s in built.one(T["lt"]).inputs["tagSpecifications"]}
     assert {"instance", "volume", "network-interface"} <= set(specs)
@@ -551,7 +653,8 @@ def test_every_taggable_resource_carries_the_tags(built):
 
 
 def test_each_resource_belongs_to_one_concern(built):
-    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Compute", "Monitoring", "Registry"}
+    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Partition", "Controller", "SharedFs",
+                "Monitoring", "Registry"}
     components = [r for r in built.resources if not r.custom]
     assert sorted(r.type for r in components) == sorted(f"gpufleet:aws:{c}" for c in concerns)
     for r in built.resources:
@@ -562,9 +665,9 @@ def test_each_resource_belongs_to_one_concern(built):
 
 def test_outputs(built):
     o = built.outputs
-    for key in ("bucket", "queueUrl", "dlqUrl", "autoscalingGroup", "dashboard", "logGroup", "kmsKey", "nodeRole",
-                "launchTemplate", "region", "alertTopic", "vpcId", "subnetIds", "metricNamespace",
-                "autoscalingServiceRole", "registry"):
+    for key in ("bucket", "queueUrl", "dlqUrl", "controller", "controllerAddress", "dashboard", "logGroup", "kmsKey",
+                "nodeRole", "controllerRole", "launchTemplates", "region", "alertTopic", "vpcId", "subnetIds",
+                "metricNamespace", "mungeKeySecret", "sharedFileSystem", "registry"):
         assert o[key], key
     assert o["region"] == built.cfg.region
     assert o["queueUrl"].startswith(f"https://sqs.{built.cfg.region}.amazonaws.com/")
@@ -577,9 +680,11 @@ def test_existing_network_is_used_as_given():
         b = build_stack(stack_config(stack, {"gpufleet:network": existing}))
         types = {r.type for r in b.resources}
         assert not types & {"aws:ec2/vpc:Vpc", T["subnet"], T["endpoint"]}
-        assert b.one(T["asg"]).inputs["vpcZoneIdentifiers"] == subnets
+        assert b.controller_file("/etc/gpufleet/nodes.json")["partitions"]["gpu"]["subnet_ids"] == subnets
         assert _node_sg(b).inputs["vpcId"] == existing["vpcId"]
-        https = b.one(T["egress"], "egress-https").inputs
-        assert (https["ipProtocol"], https["fromPort"], https["toPort"]) == ("tcp", 443, 443)
+        for who in ("nodes", "controller"):
+            https = b.one(T["egress"], f"{who}-egress-https").inputs
+            assert (https["ipProtocol"], https["fromPort"], https["toPort"]) == ("tcp", 443, 443)
+        assert sorted(m.inputs["subnetId"] for m in b.of_type(T["mount"])) == sorted(subnets)
         assert not [r for r in b.of_type(T["ingress"]) if "cidrIpv4" in r.inputs]
         assert_flow_logs(b, [existing["vpcId"]])

@@ -24,14 +24,19 @@ def test_every_cloud_resource_is_resolved_and_inside_a_component(doc):
     assert all(by_urn[r["parent"]]["type"].startswith("gpufleet:azure:") for r in custom)
 
 
-def test_scale_set_waits_for_its_data_and_pull_roles(doc):
-    roles = {r["urn"] for r in doc["resources"] if r["type"] == "azure-native:authorization:RoleAssignment"}
-    (vmss,) = [r for r in doc["resources"] if r["type"] == "azure-native:compute:VirtualMachineScaleSet"]
-    assert len(roles) == 5 and roles <= set(vmss["dependencies"])  # three storage roles, AcrPull, Secrets User
+def test_controller_waits_for_its_roles_and_shares(doc):
+    by_name = {r["name"]: r for r in doc["resources"]}
+    deps = set(by_name["controller-vm"]["dependencies"])
+    for name in ("identity-controller-blob", "identity-controller-queue-0", "identity-controller-queue-1",
+                 "identity-controller-launch", "identity-controller-subnet", "identity-controller-assign-identity",
+                 "vault-munge-keeper-assignment",  # its rights
+                 "shared-fs-home", "shared-fs-slurm-state", "shared-fs-dns-records",  # its file systems, by name
+                 "partition-gpu-vmss"):  # what nodes.json names
+        assert by_name[name]["urn"] in deps, name
 
 
 def test_policy_pack_finds_no_mandatory_violation(doc):
-    assert doc["policy"]["pack"] and doc["policy"]["resources_analyzed"] >= 15
+    assert doc["policy"]["pack"] and doc["policy"]["resources_analyzed"] >= 40
     assert runner.mandatory_violations(doc) == []
 
 
@@ -39,3 +44,5 @@ def test_outputs_resolve_to_the_emitted_endpoints(doc):
     out = doc["outputs"]
     assert out["queueUrl"] == f"https://{out['storageAccount']}.queue.core.windows.net/jobs"
     assert out["containerUrl"] == f"https://{out['storageAccount']}.blob.core.windows.net/checkpoints"
+    assert out["mungeKeySecret"] == f"https://{out['keyVault']}.vault.azure.net/secrets/slurm-munge-key"
+    assert out["controllerAddress"] == "10.64.16.4"

@@ -1,6 +1,7 @@
 """Jobs through a real Slurm in the box: a sweep as one job array, a 2-node job, a direct sbatch job in `jobs
-list`, cancel, retries and `retry`, a bad message, a spot notice, a node killed without notice, the bridge killed
-with -9, slurmctld restarted. Every job goes in through `gpufleet jobs submit --stack box`, as a user sends it.
+list`, cancel, retries and `retry`, a bad message, a spot notice, a node killed without notice (powered down by the
+healer), the bridge killed with -9, slurmctld restarted. Every job goes in through `gpufleet jobs submit --stack
+box`, as a user sends it.
 
 The tests run in file order on one box with two CLOUD nodes; the ones that take a node away come last.
 """
@@ -259,6 +260,9 @@ def test_a_node_killed_without_notice_is_marked_down_and_its_job_runs_again(box,
     assert rec["attempts"][1]["nodes"] != [node]
     wait_for(lambda: box.slurm("sinfo", "-h", "-n", node, "-o", "%T").strip() in ("idle~", "idle", "idle%"), 120,
              f"{node} powered down and back in the pool")
+    # powered down by the healer (`trainer nodes heal`, Slurm's administrator), not by the bridge
+    assert f"node {node}: down and not responding; powering it down" in \
+        (box.dir / "slurm" / "log" / "heal.out").read_text()
 
 
 def test_the_bridge_killed_at_any_point_loses_no_job_and_submits_none_twice(box, tmp_path):

@@ -69,7 +69,7 @@ def test_json_output_follows_the_contract(fake, capsys):
 
 def test_table_is_the_default_and_out_writes_the_chosen_format(fake, capsys, tmp_path):
     rc, out, _ = run_main(capsys, "--stack", "prod")
-    assert rc == 0 and out.startswith("Stack prod (aws, eu-north-1): gang mode")
+    assert rc == 0 and out.startswith("Stack prod (aws, eu-north-1): partition gpu 4-4 x p5.48xlarge (gang)")
     target = tmp_path / "prod.json"
     rc, out, err = run_main(capsys, "--stack", "prod", "--format", "json", "--out", str(target))
     assert rc == 0 and out == "" and err == ""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import ipaddress
 import re
 
 import pytest
@@ -56,8 +57,16 @@ def test_ids_are_deterministic_and_differ_per_stack_and_name():
     ("aws:ec2/launchTemplate:LaunchTemplate", {}, r"lt-[0-9a-f]{17}", r"arn:aws:ec2:.*:launch-template/lt-.*"),
     ("aws:ec2/placementGroup:PlacementGroup", {"strategy": "cluster"}, r"q-[0-9a-f]{7}",
      r"arn:aws:ec2:eu-west-1:123456789012:placement-group/q-[0-9a-f]{7}"),
-    ("aws:autoscaling/group:Group", {}, r"q-[0-9a-f]{7}",
-     r"arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:[0-9a-f-]{36}:autoScalingGroupName/q-[0-9a-f]{7}"),
+    ("aws:ec2/instance:Instance", {}, r"i-[0-9a-f]{17}", r"arn:aws:ec2:eu-west-1:123456789012:instance/i-[0-9a-f]{17}"),
+    ("aws:ec2/networkInterface:NetworkInterface", {}, r"eni-[0-9a-f]{17}",
+     r"arn:aws:ec2:eu-west-1:123456789012:network-interface/eni-[0-9a-f]{17}"),
+    ("aws:efs/fileSystem:FileSystem", {}, r"fs-[0-9a-f]{17}",
+     r"arn:aws:elasticfilesystem:eu-west-1:123456789012:file-system/fs-[0-9a-f]{17}"),
+    ("aws:efs/accessPoint:AccessPoint", {}, r"fsap-[0-9a-f]{17}",
+     r"arn:aws:elasticfilesystem:eu-west-1:123456789012:access-point/fsap-[0-9a-f]{17}"),
+    ("aws:secretsmanager/secret:Secret", {"namePrefix": "gpufleet-dev-munge-"},
+     r"arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpufleet-dev-munge-[0-9a-f]{8}-[0-9a-f]{6}",
+     r"arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpufleet-dev-munge-[0-9a-f]{8}-[0-9a-f]{6}"),
     ("aws:cloudwatch/logGroup:LogGroup", {"name": "/gpufleet/dev"}, r"/gpufleet/dev",
      r"arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev"),
     ("aws:cloudwatch/metricAlarm:MetricAlarm", {}, r"q-[0-9a-f]{7}", r"arn:aws:cloudwatch:eu-west-1:123456789012:alarm:q-.*"),
@@ -136,12 +145,13 @@ def test_unknown_invoke_is_an_error_not_an_empty_result():
         call("aws:ec2/getInstanceType:getInstanceType", instanceType="p5.48xlarge")
 
 
-def test_service_linked_role_arn_has_the_service_path_and_suffix():
-    arn, state = new("aws:iam/serviceLinkedRole:ServiceLinkedRole", "asg",
-                     awsServiceName="autoscaling.amazonaws.com", customSuffix="gpufleet-dev")
-    assert arn == ("arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
-                   "AWSServiceRoleForAutoScaling_gpufleet-dev")
-    assert state["name"] == "AWSServiceRoleForAutoScaling_gpufleet-dev"
+def test_a_network_interface_and_an_instance_have_a_private_address_in_the_stack_vpc():
+    _, eni = new("aws:ec2/networkInterface:NetworkInterface", "controller")
+    _, instance = new("aws:ec2/instance:Instance", "controller")
+    for ip in (eni["privateIp"], instance["privateIp"]):
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network("10.42.0.0/19")
+    assert eni == new("aws:ec2/networkInterface:NetworkInterface", "controller")[1]
+    assert new("aws:efs/fileSystem:FileSystem", "shared")[1]["dnsName"].endswith(".efs.eu-west-1.amazonaws.com")
 
 
 def test_registry_answers_like_ecr_and_acr():
@@ -179,9 +189,8 @@ T = PreviewMocks("tencent", "ap-shanghai")
     ("tencentcloud:Vpc/instance:Instance", {}, r"vpc-[0-9a-z]{8}"),
     ("tencentcloud:Subnet/instance:Instance", {}, r"subnet-[0-9a-z]{8}"),
     ("tencentcloud:Security/group:Group", {}, r"sg-[0-9a-z]{8}"),
-    ("tencentcloud:As/scalingConfig:ScalingConfig", {}, r"asc-[0-9a-z]{8}"),
-    ("tencentcloud:As/scalingGroup:ScalingGroup", {}, r"asg-[0-9a-z]{8}"),
-    ("tencentcloud:As/lifecycleHook:LifecycleHook", {}, r"ash-[0-9a-z]{8}"),
+    ("tencentcloud:Cvm/launchTemplate:LaunchTemplate", {}, r"lt-[0-9a-z]{8}"),
+    ("tencentcloud:Cfs/accessGroup:AccessGroup", {}, r"pgroup-[0-9a-z]{8}"),
     ("tencentcloud:Tcmq/queue:Queue", {"queueName": "jobs"}, r"queue-[0-9a-z]{8}"),
     ("tencentcloud:Cam/role:Role", {"name": "nodes"}, r"4611686\d{12}"),
     ("tencentcloud:Cam/policy:Policy", {}, r"\d{9}"),
@@ -189,7 +198,6 @@ T = PreviewMocks("tencent", "ap-shanghai")
     ("tencentcloud:Cos/bucket:Bucket", {"bucket": "data-1250000000"}, r"data-1250000000"),
     ("tencentcloud:Cos/bucket:Bucket", {}, r"q-[0-9a-f]{7}-1250000000"),
     ("tencentcloud:Monitor/alarmNotice:AlarmNotice", {}, r"notice-[0-9a-f-]{36}"),
-    ("tencentcloud:Scf/function:Function", {"name": "scaler"}, r"default\+scaler"),
     ("tencentcloud:Cvm/hpcCluster:HpcCluster", {}, r"cvm-[0-9a-z]{8}"),  # any other type: its module's prefix
 ])
 def test_tencent_resources_get_tencent_id_shapes(typ, inputs, id_re):

@@ -16,10 +16,11 @@ def test_table_shows_the_tree_ids_outputs_and_verdicts():
     text = report.table(doc, width=100)
     lines = text.splitlines()
     custom = sum(r["custom"] for r in doc["resources"])
-    assert lines[0] == "Stack dev (aws, eu-west-1): queue mode, 0-4 x g6.xlarge, g5.xlarge, g6.2xlarge, g5.2xlarge (spot)"
-    assert lines[1] == f"{custom} resources to create in 2 components"
-    assert lines[3].split() == ["TYPE", "NAME", "ID"]
-    assert lines[4].startswith("pulumi:pulumi:Stack") and "gpufleet-dev" in lines[4]
+    assert lines[0] == "Stack dev (aws, eu-west-1): partition gpu 0-4 x g6.xlarge, g5.xlarge, g6.2xlarge, g5.2xlarge (spot);"
+    assert lines[1] == "  controller m6i.large"
+    assert lines[2] == f"{custom} resources to create in 2 components"
+    assert lines[4].split() == ["TYPE", "NAME", "ID"]
+    assert lines[5].startswith("pulumi:pulumi:Stack") and "gpufleet-dev" in lines[5]
     bucket = next(r for r in doc["resources"] if r["name"] == "data-bucket")
     [row] = [line for line in lines if "aws:s3/bucket:Bucket " in line]
     # Children are drawn under their component, with their physical ids.
@@ -34,7 +35,20 @@ def test_table_shows_the_tree_ids_outputs_and_verdicts():
         "  [mandatory/high] s3-tls-only data-bucket: bucket allows plain HTTP")
     assert "  [advisory/low] tags stack: no owner tag" in lines
     [cost] = [line for line in lines if line.startswith("Cost per month")]
-    assert "max $" in cost and "  budget $3,000.00" in lines  # the line after it, in 100 columns
+    # the dev stack idle (the controller and the fixed items) and at full size (tests/infra/review/test_review_cost)
+    assert cost == "Cost per month (list prices of 2025-07-01): idle $297.48 / full $1,301.43; budget $3,000.00"
+    narrow = report.table(doc, width=60).splitlines()
+    at = narrow.index("Cost per month (list prices of 2025-07-01): idle $297.48 /")
+    assert narrow[at + 1:at + 3] == ["  full $1,301.43", "  budget $3,000.00"]  # wrapped, the budget on its own
+
+
+def test_cost_line_in_cny_and_the_diff_cost_in_its_currency():
+    cost = {"currency": "CNY", "price_date": "2025-07-01", "monthly_usd": {"idle": 641.0, "full": 167302.6},
+            "budget": {"monthly_usd": 300000.0}}
+    assert report._cost(cost, 120) == [
+        "Cost per month in CNY (list prices of 2025-07-01): idle ¥641.00 / full ¥167,302.60; budget ¥300,000.00"]
+    out = report._diff({"cost": {"delta_monthly_usd": {"idle": 0.0, "full": 83330.8}, "currency": "CNY"}}, 100)
+    assert out[-1] == "  cost per month: idle +0.00 CNY / full +83,330.80 CNY"
 
 
 def test_table_without_policy_pack_or_outputs():

@@ -56,19 +56,21 @@ def test_bucket_policies_are_built_from_the_bucket_arns(doc):
         assert bucket["urn"] in policy["propertyDependencies"]["bucket"]
 
 
-def test_compute_is_wired_to_its_launch_template_role_and_queue(doc):
+def test_the_controller_is_wired_to_the_partition_template_role_and_queue(doc):
     [template] = of_type(doc, "aws:ec2/launchTemplate:LaunchTemplate")
-    [group] = of_type(doc, "aws:autoscaling/group:Group")
+    [controller] = of_type(doc, "aws:ec2/instance:Instance")
+    [policy] = [r for r in of_type(doc, "aws:iam/rolePolicy:RolePolicy") if r["name"].endswith("-controller-policy")]
     assert re.fullmatch(r"lt-[0-9a-f]{17}", template["id"])
-    assert template["id"] in json.dumps(group["inputs"]) and template["urn"] in group["dependencies"]
+    # the controller's user-data names the template (its nodes.json), its policy launches from it alone
+    assert template["urn"] in controller["dependencies"] and template["id"] in policy["inputs"]["policy"]
     assert re.fullmatch(r"ami-[0-9a-f]{8,17}", template["inputs"]["imageId"])
     profile = template["inputs"]["iamInstanceProfile"]
-    [instance_profile] = of_type(doc, "aws:iam/instanceProfile:InstanceProfile")
+    [instance_profile] = [r for r in of_type(doc, "aws:iam/instanceProfile:InstanceProfile") if r["name"].endswith("-node")]
     assert instance_profile["id"] in json.dumps(profile) or profile.get("arn", "").endswith(instance_profile["id"])
     queues = {r["id"] for r in of_type(doc, "aws:sqs/queue:Queue")}
     assert all(re.fullmatch(r"https://sqs\.eu-\w+-\d\.amazonaws\.com/123456789012/[\w-]+", q) for q in queues)
     outputs = set(map(str, doc["outputs"].values()))
-    assert group["id"] in outputs and queues & outputs
+    assert controller["id"] in outputs and queues & outputs
     assert {r["id"] for r in of_type(doc, "aws:s3/bucket:Bucket")} & outputs
 
 
@@ -92,8 +94,8 @@ def test_make_preview_command_exits_0_with_the_table():
     proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "dev"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.startswith("Stack dev (aws, eu-west-1): queue mode")
-    assert "aws:autoscaling/group:Group" in proc.stdout and "Policy (" in proc.stdout
+    assert proc.stdout.startswith("Stack dev (aws, eu-west-1): partition gpu 0-4 x")
+    assert "aws:ec2/instance:Instance" in proc.stdout and "Policy (" in proc.stdout
 
 
 def test_azure_stack_resolves_resource_ids_and_endpoints():
@@ -103,19 +105,23 @@ def test_azure_stack_resolves_resource_ids_and_endpoints():
     assert runner.UNKNOWN not in json.dumps(doc)
     components = {r["type"] for r in doc["resources"] if not r["custom"] and r["type"] != runner.STACK_TYPE}
     assert components and all(t.startswith("gpufleet:azure:") for t in components)
-    [group] = of_type(doc, "azure-native:resources:ResourceGroup")
-    assert re.fullmatch(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/[\w-]+", group["id"])
+    groups = {r["name"]: r["id"] for r in of_type(doc, "azure-native:resources:ResourceGroup")}
+    assert all(re.fullmatch(r"/subscriptions/[0-9a-f-]{36}/resourceGroups/[\w-]+", g) for g in groups.values())
+    subscription = next(iter(groups.values())).split("/resourceGroups/")[0]
     for r in doc["resources"]:
-        if r["custom"] and r["type"] != "azure-native:resources:ResourceGroup":
-            assert r["id"].startswith(group["id"] + "/providers/Microsoft."), r["id"]
-    [account] = of_type(doc, "azure-native:storage:StorageAccount")
-    [identity] = of_type(doc, "azure-native:managedidentity:UserAssignedIdentity")
-    [vmss] = of_type(doc, "azure-native:compute:VirtualMachineScaleSet")
-    assert identity["id"] in json.dumps(vmss["inputs"]) and identity["urn"] in vmss["dependencies"]
+        if r["type"] == "azure-native:authorization:RoleDefinition":  # custom roles live in the subscription
+            assert r["id"].startswith(subscription + "/providers/Microsoft.Authorization/roleDefinitions/"), r["id"]
+        elif r["custom"] and r["type"] != "azure-native:resources:ResourceGroup":
+            assert any(r["id"].startswith(g + "/providers/Microsoft.") for g in groups.values()), r["id"]
+    [controller] = of_type(doc, "azure-native:compute:VirtualMachine")
+    identity = next(r for r in of_type(doc, "azure-native:managedidentity:UserAssignedIdentity")
+                    if r["id"].endswith("-controller"))
+    assert identity["id"] in json.dumps(controller["inputs"]) and identity["urn"] in controller["dependencies"]
+    account = next(r for r in of_type(doc, "azure-native:storage:StorageAccount") if r["inputs"].get("kind") != "FileStorage")
     name = account["id"].rsplit("/", 1)[1]
     assert doc["outputs"]["queueUrl"].startswith(f"https://{name}.queue.core.windows.net/")
     assert runner.mandatory_violations(doc) == []
-    assert doc["warnings"] == [config.ALERTS_NOBODY]  # scale events reach nobody either
+    assert doc["warnings"] == [config.ALERTS_NOBODY]
 
 
 def test_the_pulumi_host_entry_registers_what_the_preview_shows(doc):
@@ -141,20 +147,21 @@ def test_tencent_stack_resolves_tencent_ids_and_previews_offline():
     assert components and all(t.startswith("gpufleet:tencent:") for t in components)
     shapes = {"tencentcloud:Vpc/instance:Instance": r"vpc-[0-9a-z]{8}", "tencentcloud:Subnet/instance:Instance":
               r"subnet-[0-9a-z]{8}", "tencentcloud:Security/group:Group": r"sg-[0-9a-z]{8}",
-              "tencentcloud:As/scalingGroup:ScalingGroup": r"asg-[0-9a-z]{8}",
-              "tencentcloud:As/scalingConfig:ScalingConfig": r"asc-[0-9a-z]{8}",
+              "tencentcloud:Instance/instance:Instance": r"ins-[0-9a-z]{8}",
+              "tencentcloud:Cvm/launchTemplate:LaunchTemplate": r"lt-[0-9a-z]{8}",
+              "tencentcloud:Cfs/fileSystem:FileSystem": r"cfs-[0-9a-z]{8}",
               "tencentcloud:Tcmq/queue:Queue": r"queue-[0-9a-z]{8}", "tencentcloud:Cam/role:Role": r"4611686\d{12}",
               "tencentcloud:Cos/bucket:Bucket": r"gpufleet-tencent-(data|logs)-1250000000"}
     for typ, shape in shapes.items():
         found = of_type(doc, typ)
         assert found and all(re.fullmatch(shape, r["id"]) for r in found), (typ, [r["id"] for r in found])
-    [group] = of_type(doc, "tencentcloud:As/scalingGroup:ScalingGroup")
-    [config_] = of_type(doc, "tencentcloud:As/scalingConfig:ScalingConfig")
-    assert config_["id"] == group["inputs"]["configurationId"] and config_["urn"] in group["dependencies"]
+    [controller] = of_type(doc, "tencentcloud:Instance/instance:Instance")
+    [template] = of_type(doc, "tencentcloud:Cvm/launchTemplate:LaunchTemplate")
+    assert template["urn"] in controller["dependencies"]  # its nodes.json names the partition's template
     assert doc["cost"]["currency"] == "CNY" and runner.mandatory_violations(doc) == []
     # What `make preview STACK=tencent` runs.
     proc = subprocess.run([sys.executable, "-m", "infra.preview", "--stack", "tencent", "--format", "table"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("Stack tencent (tencent, ap-shanghai): queue mode")
+    assert proc.stdout.startswith("Stack tencent (tencent, ap-shanghai): partition gpu 0-4 x GN10Xp.20XLARGE320")
     assert "Cost per month in CNY" in proc.stdout

@@ -33,7 +33,7 @@ def test_stack_against_itself_is_empty(base):
     result = diff.compute(base, copy.deepcopy(base))
     assert result["added"] == result["removed"] == result["renamed"] == result["changed"] == []
     assert result["policy"] == {"appeared": [], "disappeared": []}
-    assert result["cost"]["delta_monthly_usd"] == {"min": 0.0, "desired": 0.0, "max": 0.0}
+    assert result["cost"] == {"delta_monthly_usd": {"idle": 0.0, "full": 0.0}, "currency": "USD"}
     assert diff.is_empty(result)
 
 
@@ -130,8 +130,11 @@ def test_replace_table_names_real_provider_types_and_inputs(token):
     assert cls.pulumi_type == token
     args = inspect.signature(cls._internal_init).parameters  # every input, as a keyword
     for prop in diff.REPLACE_ON[token]:
+        if prop == diff.ANY:  # every input replaces
+            continue
         top = prop.split(".")[0]
-        assert re.sub(r"([A-Z])", r"_\1", top).lower() in args, prop
+        snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<!^)(?=[A-Z][a-z])", "_", top).lower()  # publicIPAddress...
+        assert snake in args, prop
 
 
 def test_add_and_remove(base):
@@ -242,10 +245,32 @@ def test_policy_verdicts_that_appear_and_disappear(base):
 
 def test_cost_delta_is_head_minus_base(base):
     head = copy.deepcopy(base)
-    head["cost"]["monthly_usd"] = {"min": 1.0, "desired": 470.98, "max": 1410.92}
-    base["cost"]["monthly_usd"] = {"min": 1.0, "desired": 1.0, "max": 940.95}
-    assert diff.compute(base, head)["cost"]["delta_monthly_usd"] == {"min": 0.0, "desired": 469.98, "max": 469.97}
-    assert diff.compute(head, base)["cost"]["delta_monthly_usd"]["max"] == -469.97
+    head["cost"]["monthly_usd"] = {"idle": 297.48, "full": 1410.92}
+    base["cost"]["monthly_usd"] = {"idle": 1.0, "full": 940.95}
+    assert diff.compute(base, head)["cost"]["delta_monthly_usd"] == {"idle": 296.48, "full": 469.97}
+    assert diff.compute(head, base)["cost"]["delta_monthly_usd"] == {"idle": -296.48, "full": -469.97}
+
+
+def test_a_base_from_before_the_slurm_cost_model_counts_as_zero(base):
+    """A base preview written before this model has min/desired/max: its idle and full count 0 (no crash),
+    so the delta is the head's whole cost."""
+    head = copy.deepcopy(base)
+    base["cost"] = {"currency": "USD", "monthly_usd": {"min": 179.2, "desired": 179.2, "max": 1183.15}}
+    result = diff.compute(base, head)
+    assert result["cost"]["delta_monthly_usd"] == {"idle": 297.48, "full": 1301.43}
+    assert not diff.is_empty(result)
+    # nor does a base (or head) with no cost at all, or with null amounts
+    assert diff.compute({"resources": []}, head)["cost"]["delta_monthly_usd"] == {"idle": 297.48, "full": 1301.43}
+    assert diff.compute(head, {"cost": {"monthly_usd": None}})["cost"]["delta_monthly_usd"] == \
+        {"idle": -297.48, "full": -1301.43}
+    assert diff.compute({"cost": {"monthly_usd": {"idle": None}}}, head)["cost"]["delta_monthly_usd"]["idle"] == 297.48
+
+
+def test_cost_delta_is_in_the_currency_of_the_head(base):
+    head = copy.deepcopy(base)
+    head["cost"]["currency"] = "CNY"
+    assert diff.compute(base, head)["cost"]["currency"] == "CNY"
+    assert diff.compute({}, {})["cost"] == {"delta_monthly_usd": {"idle": 0.0, "full": 0.0}, "currency": "USD"}
 
 
 def test_fixture_pair_summary():

@@ -1,16 +1,25 @@
 """slurm.conf and gres.conf rendering (trainer.slurm.conf): exact lines from Cluster values, no Slurm needed.
 
-Each rule: a cluster that renders it and one that does not (or raises the one-line UsageError).
+Each rule: a cluster that renders it and one that does not (or raises the one-line UsageError). The last section
+hands a cloud cluster's files to the real Slurm here (Debian's slurmctld and slurmd on loopback): slurmctld
+starts with them and serves them to a configless slurmd.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
 from trainer.errors import UsageError
-from trainer.slurm.conf import (EXIT_REQUEUE, KILL_WAIT_S, Cluster, LocalNode, Partition, render_gres_conf,
-                                render_slurm_conf)
+from trainer.slurm.conf import (EXIT_REQUEUE, IMAGE_PROGRAMS, KILL_WAIT_S, Cluster, LocalNode, Partition,
+                                render_gres_conf, render_slurm_conf)
 
 PROGRAMS = {"resume": "/opt/gpufleet/bin/resume", "suspend": "/opt/gpufleet/bin/suspend",
             "resume_fail": "/opt/gpufleet/bin/resume-fail"}
@@ -121,7 +130,36 @@ def test_power_saving_programs_and_timeouts():
         "ResumeProgram": "/opt/gpufleet/bin/resume", "SuspendProgram": "/opt/gpufleet/bin/suspend",
         "ResumeFailProgram": "/opt/gpufleet/bin/resume-fail", "SuspendTime": "300", "SuspendTimeout": "120",
         "ResumeTimeout": "900", "ResumeRate": "0", "SuspendRate": "0"}
+    assert conf["SlurmctldParameters"] == "enable_configless,idle_on_node_suspend"
+
+
+def test_the_images_power_saving_programs():
+    assert IMAGE_PROGRAMS == {"resume": "/usr/local/sbin/gpufleet-resume",
+                              "suspend": "/usr/local/sbin/gpufleet-suspend",
+                              "resume_fail": "/usr/local/sbin/gpufleet-resume-fail"}
+    conf = settings(render_slurm_conf(queue_cluster(programs=IMAGE_PROGRAMS)))
+    assert (conf["ResumeProgram"], conf["SuspendProgram"], conf["ResumeFailProgram"]) == (
+        "/usr/local/sbin/gpufleet-resume", "/usr/local/sbin/gpufleet-suspend", "/usr/local/sbin/gpufleet-resume-fail")
+
+
+# --- configless -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cloud", ["aws", "azure", "tencent"])
+def test_a_cloud_cluster_serves_its_config_to_the_nodes(cloud):
+    conf = settings(render_slurm_conf(queue_cluster(cloud=cloud)))
+    assert conf["SlurmctldParameters"].split(",") == ["enable_configless", "idle_on_node_suspend"]
+
+
+def test_a_cloud_cluster_leaves_out_what_the_images_slurm_does_by_default():
+    conf = settings(render_slurm_conf(queue_cluster()))
+    assert "cloud_reg_addrs" not in conf["SlurmctldParameters"]  # defunct since 23.11: the default
+    assert "PrivateData" not in conf  # PrivateData=cloud: the default since 23.02
+
+
+def test_the_box_reads_its_own_files_and_keeps_its_slurms_settings():
+    conf = settings(render_slurm_conf(box_cluster()))
     assert conf["SlurmctldParameters"] == "idle_on_node_suspend,cloud_reg_addrs"
+    assert conf["PrivateData"] == "cloud"
 
 
 def test_power_saving_timeouts_follow_the_cluster():
@@ -345,3 +383,135 @@ def test_no_partitions_refused():
 def test_values_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         gpu_partition().count = 3  # type: ignore[misc]
+
+
+# --- the real Slurm takes a cloud cluster's files ---------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(what: str, ready, procs: dict[str, subprocess.Popen], logs: Path, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not ready():
+        dead = [name for name, proc in procs.items() if proc.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            tails = {p.name: p.read_text()[-2000:] for p in sorted(logs.glob("*")) if p.is_file()}
+            pytest.fail(f"{what}: not ready ({', '.join(dead) or 'timed out'} exited); logs: {tails}")
+        time.sleep(0.05)
+
+
+def _tools() -> dict[str, str]:
+    tools = {}
+    for name, package in (("munged", "munge"), ("slurmctld", "slurmctld"), ("slurmd", "slurmd"),
+                          ("scontrol", "slurm-client"), ("unshare", "util-linux")):
+        path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+        if path is None:
+            pytest.fail(f"{name} is not installed; `make tools` installs Debian's {package}", pytrace=False)
+        tools[name] = path
+    return tools
+
+
+def test_slurmctld_starts_with_a_cloud_clusters_files_and_serves_them_to_a_configless_slurmd():
+    """Debian's Slurm (22.05; the images bake a newer one) on loopback: slurmctld with a cloud cluster's slurm.conf
+    and gres.conf, then a slurmd started as the image starts it (``-N NAME --conf-server ADDR:PORT``, no
+    slurm.conf of its own) fetches both from it. The slurmd may stop after that (no cgroups or GPUs here); the
+    files in its conf-cache are what this checks."""
+    tools = _tools()
+    # munged wants every directory above its socket searchable by all; slurmstepd's sockets a short path.
+    with tempfile.TemporaryDirectory(prefix="gf-conf-", dir="/tmp") as top:
+        base = Path(top)
+        os.chmod(base, 0o755)
+        etc, logs = base / "etc", base / "log"
+        for d in (etc, logs, base / "state", base / "spool", base / "run", base / "munge"):
+            d.mkdir()
+        key = base / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        port = _free_port()
+        cluster = queue_cluster(
+            controller="localhost", controller_addr="127.0.0.1", slurmctld_port=port, slurmd_port=_free_port(),
+            state_dir=str(base / "state"), spool_dir=str(base / "spool"), log_dir=str(logs),
+            run_dir=str(base / "run"), programs={k: "/bin/true" for k in PROGRAMS},
+            munge_socket=str(base / "munge" / "socket"), slurm_user=_user())
+        slurm_conf, gres_conf = render_slurm_conf(cluster), render_gres_conf(cluster)
+        (etc / "slurm.conf").write_text(slurm_conf)
+        (etc / "gres.conf").write_text(gres_conf)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(etc / "slurm.conf")}
+        procs: dict[str, subprocess.Popen] = {}
+
+        def spawn(name: str, argv: list[str], environ: dict[str, str]) -> None:
+            with open(logs / f"{name}.out", "ab") as out:
+                procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=environ)
+
+        try:
+            m = base / "munge"
+            spawn("munged", [tools["munged"], "--foreground", f"--socket={m / 'socket'}", f"--key-file={key}",
+                             f"--pid-file={m / 'pid'}", f"--seed-file={m / 'seed'}", f"--log-file={m / 'log'}"], env)
+            _wait_for("munged", (m / "socket").exists, procs, logs)
+            spawn("slurmctld", [tools["slurmctld"], "-D", "-f", str(etc / "slurm.conf")], env)
+
+            def controller_up() -> bool:
+                done = subprocess.run([tools["scontrol"], "ping"], env=env, capture_output=True, text=True)
+                return "UP" in done.stdout
+
+            _wait_for("slurmctld", controller_up, procs, logs)
+            shown = subprocess.run([tools["scontrol"], "show", "config"], env=env, capture_output=True, text=True,
+                                   check=True).stdout
+            assert any(line.split() == ["SlurmctldParameters", "=", "enable_configless,idle_on_node_suspend"]
+                       for line in shown.splitlines())
+
+            # As the image's slurmd.service starts it: no SLURM_CONF, no -f, the controller named on the line.
+            # Before it has the config, a slurmd reaches munged at the default socket (/run/munge/munge.socket.2;
+            # 22.05 has no --authinfo), and it links /run/slurm/conf to its cache: in a mount namespace of its
+            # own, /run is a fresh tmpfs whose default socket is this test's munged.
+            node_env = {"PATH": env["PATH"]}
+            spawn("slurmd", [tools["unshare"], "--mount", "--propagation", "private", "sh", "-c",
+                             'mount -t tmpfs tmpfs /run && mkdir /run/munge && ln -s "$0" /run/munge/munge.socket.2 '
+                             '&& exec "$@"', str(m / "socket"),
+                             tools["slurmd"], "-D", "-N", "gpu-1", "--conf-server", f"127.0.0.1:{port}"], node_env)
+            cache = base / "spool" / "gpu-1" / "conf-cache"
+
+            def fetched() -> bool:
+                return (cache / "slurm.conf").exists() and (cache / "gres.conf").exists()
+
+            daemons = {k: v for k, v in procs.items() if k != "slurmd"}  # slurmd may stop once it has them
+            _wait_for("slurmd", lambda: fetched() or procs["slurmd"].poll() is not None, daemons, logs)
+            if not fetched():
+                _wait_for("slurmd's fetch", fetched, procs, logs)  # fails with the logs
+            assert (cache / "slurm.conf").read_text() == slurm_conf
+            assert (cache / "gres.conf").read_text() == gres_conf
+        finally:
+            for name in ("slurmd", "slurmctld", "munged"):
+                proc = procs.get(name)
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_a_job_spans_at_most_max_nodes_and_srun_listens_on_the_allowed_ports():
+    text = render_slurm_conf(queue_cluster(partitions=(gpu_partition(max_nodes=1),), srun_ports=(60001, 63000)))
+    (part,) = partition_lines(text)
+    assert part["MaxNodes"] == "1"
+    assert settings(text)["SrunPortRange"] == "60001-63000"
+    plain = render_slurm_conf(queue_cluster())
+    assert "MaxNodes" not in partition_lines(plain)[0] and "SrunPortRange" not in settings(plain)
+
+
+def test_a_cloud_clusters_tasks_get_the_nodes_nccl_settings_the_box_has_none():
+    from trainer.slurm.conf import IMAGE_TASK_PROLOG
+
+    assert settings(render_slurm_conf(queue_cluster()))["TaskProlog"] == IMAGE_TASK_PROLOG
+    assert "TaskProlog" not in settings(render_slurm_conf(box_cluster()))

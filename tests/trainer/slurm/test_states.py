@@ -30,6 +30,8 @@ EXPECTED = {
     "CANCELLED": ("cancelled", "cancel", True, False),
     "REVOKED": ("cancelled", "revoked", True, False),
     "SPECIAL_EXIT": ("failed", "failure", True, True),
+    "STOPPED": ("running", "stopped", False, False),
+    "RESV_DEL_HOLD": ("queued", "held: its reservation was deleted", False, False),
 }
 PREEMPTION = Outcome("preempted", "preemption", False, False)
 
