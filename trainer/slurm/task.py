@@ -210,7 +210,7 @@ class Task:
 
     def __call__(self) -> int:
         from trainer.node import metric_names
-        from trainer.node.emf import GpuSampler, MetricsTail
+        from trainer.node.emf import GpuSampler, MetricsTail, gpu_utilisation
         from trainer.node.platform import open_platform
         from trainer.node.tracking import Output, Tracking
 
@@ -242,7 +242,8 @@ class Task:
                     tail = MetricsTail(self.metrics, emitter, self.emf_interval_s).start()
                     watchers.append(tail)
             if rank0 and self.metrics:
-                watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job)).start())
+                watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
+                                         gpu_util=gpu_utilisation).start())
             rc = run.wait()
         finally:
             for w in reversed(watchers):

@@ -179,9 +179,11 @@ def test_a_command_the_os_refuses_is_a_failed_job_not_a_crash(bucket, tmp_path, 
 
 
 @pytest.mark.slow
-def test_node_rank_0_writes_the_progress_and_the_output_outlives_the_node(bucket, tmp_path):
+def test_node_rank_0_writes_the_progress_and_the_output_outlives_the_node(bucket, tmp_path, monkeypatch):
     """The record as the bridge leaves it when Slurm starts the job (running, one attempt); the task writes the
-    train run's progress into it, and its output is in the bucket for `gpufleet jobs logs`."""
+    train run's progress into it (with the node's GPU utilisation: NVML's reading, stubbed here, no GPU), and its
+    output is in the bucket for `gpufleet jobs logs`."""
+    monkeypatch.setattr("trainer.node.emf.gpu_utilisation", lambda: 87.5)
     job = Job("done-1", args=(*TRAIN, "--steps", "4"))
     rs = RecordStore.of_bucket("ckpt")
     rs.create(job.to_dict())
@@ -189,6 +191,7 @@ def test_node_rank_0_writes_the_progress_and_the_output_outlives_the_node(bucket
     assert make_task(job, tmp_path)() == 0
     rec = rs.get("done-1")
     assert (rec["progress"]["step"], rec["progress"]["total"]) == (4, 4) and rec["progress"]["loss"] > 0
+    assert rec["progress"]["gpu_util"] == 87.5
     shipped = b"".join(data for node, data in logs.read(rs.store, "done-1", 1) if node == "gpu-1")
     local = (job_dir(tmp_path, "done-1") / "output-1-gpu-1.log").read_bytes()
     assert shipped == local and b"step 4/4" in shipped  # the whole output, in order, from the bucket
