@@ -23,7 +23,7 @@ KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification",
         "sshPublicKey", "pullThrough", "partitions", "controller")
 # The keys one partition is made of when `partitions` is not given (today's single node group).
 SINGLE_GROUP_KEYS = ("mode", "instanceTypes", "nodes", "spot", "onDemandBase")
-PARTITION_NAME = re.compile(r"^[a-z][a-z0-9]{0,14}$")  # Slurm node names are <partition>-<n>
+PARTITION_NAME = re.compile(r"^[a-z][a-z0-9]{0,14}\Z")  # Slurm node names are <partition>-<n>
 DEFAULT_PARTITION = "gpu"
 REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location", "tencent": "tencentcloud:region"}
 # The budget key of each cloud: its amount is in the currency of the cloud's catalog prices.
@@ -125,14 +125,14 @@ class Network(_Frozen):
 # (Amazon ECR user guide, "Sync an upstream registry"); `<name>.azurecr.io` needs one too.
 PULL_THROUGH_UPSTREAMS = {"public.ecr.aws": False, "registry.k8s.io": False, "quay.io": False,
                           "registry-1.docker.io": True, "ghcr.io": True, "registry.gitlab.com": True}
-_ACR_UPSTREAM = re.compile(r"^[a-z0-9]{5,50}\.azurecr\.io$")
+_ACR_UPSTREAM = re.compile(r"^[a-z0-9]{5,50}\.azurecr\.io\Z")
 _UPSTREAM_HINTS = {"nvcr.io": "ECR has no pull-through cache for NGC (nvcr.io); push NGC images into the stack's "
                               "repository from a machine with internet access",
                    "docker.io": "Docker Hub's registry is registry-1.docker.io"}
-_ECR_PREFIX = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
+_ECR_PREFIX = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*\Z")
 PULL_THROUGH_SECRET_PREFIX = "ecr-pullthroughcache/"
 _PULL_THROUGH_SECRET = re.compile(
-    r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?ecr-pullthroughcache/[\w/+=.@-]{1,480}$")
+    r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?ecr-pullthroughcache/[\w/+=.@-]{1,480}\Z")
 
 
 class PullThrough(_Frozen):
@@ -190,10 +190,10 @@ def _pull_through(entries: Any) -> tuple[PullThrough, ...]:
 _AZURE_IMAGE = re.compile(
     r"^(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/images/[^/]+"
     r"(/versions/[^/]+)?|[\w.-]+:[\w.-]+:[\w.-]+:[\w.-]+)$", re.IGNORECASE)
-_TAG_KEY = re.compile(r"^[\w .:/=+\-@]{1,128}$")
-_TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{0,256}$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_HTTPS_URL = re.compile(r"^https://[^\s/?#]+\.[^\s/?#]+(/\S*)?$")
+_TAG_KEY = re.compile(r"^[\w .:/=+\-@]{1,128}\Z")
+_TAG_VALUE = re.compile(r"^[\w .:/=+\-@]{0,256}\Z")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+\Z")
+_HTTPS_URL = re.compile(r"^https://[^\s/?#]+\.[^\s/?#]+(/\S*)?\Z")
 ALERTS_NOBODY = "alerts reach nobody: set gpufleet:alertEmails (or gpufleet:alerts for HTTPS endpoints and chat webhooks)"
 
 

@@ -11,7 +11,8 @@ from policies.tokens import IAM_ATTACHMENTS, IAM_POLICY_DOCS, IAM_ROLE
 # Action verbs that only read; anything else counts as a write.
 READ_VERBS = ("Get", "List", "Describe", "Head", "View", "Search", "Lookup", "Query", "Scan", "Select",
               "BatchGet", "Check", "Test", "Simulate")
-BROAD_MANAGED = re.compile(r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?(AdministratorAccess|PowerUserAccess|\w*FullAccess)$")
+BROAD_MANAGED = re.compile(
+    r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?(AdministratorAccess|PowerUserAccess|\w*FullAccess)\Z")
 
 
 def documents(resource_type: str, props: dict) -> list:

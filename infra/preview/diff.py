@@ -37,7 +37,7 @@ SECRET = "[secret]"
 # The marker the Pulumi SDK uses for a serialised secret value.
 _PULUMI_SECRET_SIG = "4dabf18193072939515e22adb298388d"
 _SECRET_KEY = re.compile(r"(password|secret|token|privatekey|private_key|connectionstring|accesskey|sasurl)", re.I)
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-:/@+=$]+$")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\-:/@+=$]+\Z")
 
 ANY = "*"  # every change replaces (a resource the provider cannot update)
 # Replace-causing input properties per resource type (paths as above; a change at or under one replaces).

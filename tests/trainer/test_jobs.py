@@ -47,11 +47,27 @@ def test_version_0_messages_are_migrated_to_trainer_jobs():
     ({"kind": "image", "image": "a:1", "command": ["x"], "retries": {"on_error": -1}},
      "job j: retries.on_error: -1 is less than the minimum of 0"),
     ({"kind": "image", "image": "a:1", "command": ["x"], "env": {"X": 1}}, "job j: env.X: 1 is not valid"),
+    # a pattern's end is the string's end: Python's `$` would take a trailing newline
+    ({"kind": "image", "image": "a:1\n", "command": ["x"]}, "image: 'a:1\\n' is not a valid image reference"),
+    ({"kind": "code", "code": f"s3://b/code/{'a' * 64}.tar.gz\n", "command": ["x"]}, "job j: code: 's3://b/code/"),
+    ({"kind": "image", "image": "a:1", "command": ["x"], "env": {"X\n": "1"}}, "env: 'X\\n' is not an allowed"),
+    # a lone surrogate (an argument of undecodable bytes) cannot be encoded: one line, not a traceback
+    ({"kind": "image", "image": "a:1", "command": ["x"], "env": {"X": "\udcff"}}, "job j: env.X: not valid text"),
+    ({"kind": "image", "image": "a:1", "command": ["x", "\ud800"]}, "job j: command[1]: not valid text"),
 ])
 def test_bad_specs_are_one_line(raw, message):
     with pytest.raises(UsageError) as err:
         validate({"spec": 1, "job_id": "j", **raw})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_job_id_with_a_trailing_newline_is_refused_and_never_becomes_a_key():
+    """A user saw `"run1\\n"` accepted and stored as jobs/run1\\n/record.json."""
+    body = json.dumps({"spec": 1, "job_id": "run1\n", "kind": "image", "image": "a:1", "command": ["x"]})
+    with pytest.raises(UsageError, match=r"^job: job_id: 'run1\\n' is not allowed; expected 1-128 letters"):
+        parse_job(body)
+    with pytest.raises(UsageError, match=r"^job j: command\[0\]: not valid text"):  # as the bridge reads a body
+        parse_job('{"spec": 1, "job_id": "j", "kind": "image", "image": "a:1", "command": ["\\ud800"]}')
 
 
 @pytest.mark.parametrize("ref", ["ubuntu", "ubuntu:22.04", "nvcr.io/nvidia/pytorch:24.05-py3",

@@ -386,7 +386,7 @@ def open_store(uri: str) -> S3Store:
 
 def sqs_region(url: str) -> str | None:
     """The region in an SQS URL (https://sqs.<region>.amazonaws.com/...), or None for an emulator URL."""
-    m = re.match(r"(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com(?:\.cn)?$",
+    m = re.match(r"(?:sqs\.)?([a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com(?:\.cn)?\Z",
                  urlparse(url).hostname or "")
     return m.group(1) if m else None
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 BOX_STACK = "box"  # --stack box: the running cluster in a box, no Pulumi
 ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL"}
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -22,7 +22,7 @@ from trainer.errors import UsageError
 SPEC_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("job.schema.json")
 KINDS = ("trainer", "image", "code")
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # Variable names that would hold a secret: their values must come from SSM or Key Vault, not the message.
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|API_KEY", re.IGNORECASE)
 # A job's argv and environment travel on an exec: Linux caps one string at 128 KiB (MAX_ARG_STRLEN) and all of
@@ -35,11 +35,25 @@ def schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text())
 
 
+def _whole(pattern: str) -> str:
+    """The schema's pattern as Python must read it: `$` there is the end of the string (JSON Schema's ECMA-262
+    reading); Python's `$` also matches before a trailing newline, which let "run1\\n" through as a job id."""
+    return pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
+
+
+def _pattern(validator, pattern, instance, schema_):
+    import jsonschema
+
+    if validator.is_type(instance, "string") and not re.search(_whole(pattern), instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 @lru_cache(maxsize=1)
 def _validator():
     import jsonschema
 
-    return jsonschema.Draft202012Validator(schema())
+    whole = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern})
+    return whole(schema())
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ def job_bytes(job: "Job") -> int:
 
 
 def check_job_id(job_id: object, where: str = "job_id") -> str:
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
         raise UsageError(f"{where}: {job_id!r} is not allowed; expected 1-128 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
     return job_id
@@ -148,6 +162,23 @@ def _message(error, raw: dict) -> str:
     return error.message if where == "job" else f"{where}: {error.message}"
 
 
+def _encodable(value: object, name: str, where: str = "job") -> None:
+    """UsageError naming the first string of a message that UTF-8 cannot carry (a lone surrogate: how Python
+    decodes an argument of undecodable bytes), instead of a traceback where the message is encoded."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{name}: {where}: not valid text (undecodable bytes); give it as UTF-8") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _encodable(key, name, where)
+            _encodable(item, name, key if where == "job" else f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _encodable(item, name, f"{where}[{i}]")
+
+
 def validate(raw: object, max_nodes: int | None = None) -> Job:
     """A spec-1 job from its decoded message (version 0 migrated), or UsageError with one line."""
     if not isinstance(raw, dict):
@@ -155,11 +186,12 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
     if "spec" not in raw:
         raw = migrate(raw)
     job_id = raw.get("job_id")
-    name = f"job {job_id}" if isinstance(job_id, str) and JOB_ID.match(job_id) else "job"
+    name = f"job {job_id}" if isinstance(job_id, str) and JOB_ID.fullmatch(job_id) else "job"
     if raw.get("spec") != SPEC_VERSION:
         raise UsageError(f"{name}: spec {raw.get('spec')!r} is not supported; expected {SPEC_VERSION}")
     import jsonschema
 
+    _encodable(raw, name)
     errors = sorted(_validator().iter_errors(raw), key=jsonschema.exceptions.relevance)
     if errors:
         best = jsonschema.exceptions.best_match(errors)

@@ -26,7 +26,7 @@ from trainer.jobs import bundle
 from trainer.jobs.queue import open_queue
 from trainer.jobs.spec import Job, check_job_id, validate
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 SECRET_SOURCES = ("ssm", "keyvault")
 
 

@@ -34,14 +34,14 @@ from trainer.errors import Fault, UsageError
 from trainer.loop.storage import Store
 
 log = logging.getLogger("trainer")
-MANIFEST = re.compile(r"^step-(\d{9})\.json$")
+MANIFEST = re.compile(r"^step-(\d{9})\.json\Z")
 FORMAT = 1
 SHARDED_FORMAT = 2
 
 
 NEARLY_FULL = 1 << 20  # bytes: a disk with less free after a failed write was full
 READS = 3  # a manifest or part that does not check out is read this many times before it is called corrupt
-PART_NAME = re.compile(r"^(?!.*(?:^|/)\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*$")  # relative, no . or ..
+PART_NAME = re.compile(r"^(?!.*(?:^|/)\.{1,2}(?:/|$))[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*\Z")  # relative, no . or ..
 
 
 class CorruptCheckpoint(Exception):

@@ -29,8 +29,8 @@ log = logging.getLogger("gpufleet.registry")
 
 REFRESH_MARGIN_S = 900   # a cached login is renewed this long before it expires (ECR's last 12 h, ACR's 3 h)
 ACR_USER = "00000000-0000-0000-0000-000000000000"  # the user name an ACR refresh token logs in with
-_ECR_HOST = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
-_ACR_HOST = re.compile(r"^[a-z0-9]{5,50}\.azurecr\.io$")
+_ECR_HOST = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?\Z")
+_ACR_HOST = re.compile(r"^[a-z0-9]{5,50}\.azurecr\.io\Z")
 
 
 @dataclass(frozen=True)
