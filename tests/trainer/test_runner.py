@@ -6,7 +6,7 @@ from __future__ import annotations
 from infra import catalog
 from infra.aws import efa
 from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, code_environment, docker_argv, job_environment,
-                                 node_facts, stop_grace)
+                                 loggable, node_facts, stop_grace)
 
 COMMON = ["docker", "run", "--rm", "--name", "gpufleet-j1-1-abc", "--label", "gpufleet.job", "--init",
           "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
@@ -84,3 +84,13 @@ def test_job_environment_and_code_environment():
 def test_stop_grace_fits_the_notice():
     assert stop_grace("aws") == 100 and stop_grace("azure") == 20
     assert stop_grace("tencent") == stop_grace(None) == DEFAULT_GRACE_S
+
+
+def test_the_logged_docker_argv_names_each_variable_without_its_value():
+    """Finding 9 of the isolation review: DB_PASS escapes the secret-name denylist and its value reached the log."""
+    argv = docker_argv("n", "img:1", ["python", "--env", "X=1"], {"DB_PASS": "hunter2", "OPENAI_KEY": "sk-1"},
+                       node_facts({}, None, 0), None, "/c", 100)
+    shown = loggable(argv, ["python", "--env", "X=1"])
+    assert "--env" in shown and "DB_PASS" in shown and "OPENAI_KEY" in shown
+    assert not [a for a in shown if "hunter2" in a or "sk-1" in a]
+    assert shown[-4:] == ["img:1", "python", "--env", "X=1"]  # the job's own command is left as it is

@@ -104,6 +104,14 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
     return [*argv, *extra, image, *command]
 
 
+def loggable(argv: list[str], command: list[str]) -> list[str]:
+    """A docker argv (of ``command``) as logs may show it: each ``--env KEY=VALUE`` of docker's options as its name
+    alone, the job's command as it is. A value may be a secret under a name the denylist does not know (DB_PASS,
+    OPENAI_KEY, DATABASE_URL), and the log is shipped off the node."""
+    options = len(argv) - len(command)
+    return [a.split("=", 1)[0] if 0 < i < options and argv[i - 1] == "--env" else a for i, a in enumerate(argv)]
+
+
 def code_environment(base: dict[str, str], job_env: dict[str, str], python_bin: str) -> dict[str, str]:
     """A code bundle's environment: the task's (the node's NCCL settings included), the node image's Python first
     on PATH (so `python` and `torchrun` are the image's), then the job's."""

@@ -27,7 +27,7 @@ from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, validate
 from trainer.node import node_schema
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
-                                 code_environment, docker_argv, job_environment, node_facts, stop_grace)
+                                 code_environment, docker_argv, job_environment, loggable, node_facts, stop_grace)
 from trainer.slurm import batch, client
 
 log = logging.getLogger("gpufleet.task")
@@ -198,7 +198,7 @@ class Task:
                                container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
             docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
-            log.info("running %s", " ".join(argv))
+            log.info("running %s", " ".join(loggable(argv, list(job.command))))
             return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
         from trainer.jobs import bundle
 

@@ -290,8 +290,8 @@ def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logge
     pulls with it; without a login the registry refuses the pull and the job fails."""
     caplog.set_level(logging.INFO, logger="gpufleet")
     with FakeRegistry("AWS", "node-token") as registry:
-        job = Job(f"reg-{logged_in}", "image", image=registry.image,
-                  command=("/bin/sh", "-c", "echo pulled > /gpufleet/ran"))
+        job = Job(f"reg-{logged_in}", "image", image=registry.image, env={"DB_PASS": "hunter2"},
+                  command=("/bin/sh", "-c", "echo pulled-$DB_PASS > /gpufleet/ran"))
         platform = RegistryPlatform(RegistryLogin(registry.host, "AWS", "node-token", 2e9) if logged_in else None)
         rc = make_task(job, tmp_path, platform=platform, container_extra=sandbox_flags())()
     where = job_dir(tmp_path, f"reg-{logged_in}")
@@ -299,7 +299,8 @@ def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logge
     manifest_auths = {auth for method, path, auth in registry.seen if "/manifests/" in path}
     if logged_in:
         assert rc == 0, caplog.text
-        assert (where / "control" / "ran").read_text() == "pulled\n"  # the image came from the registry and ran
+        assert (where / "control" / "ran").read_text() == "pulled-hunter2\n"  # the image came from the registry and ran
+        assert "--env DB_PASS " in caplog.text and "hunter2" not in caplog.text  # a value under any name: not logged
         assert manifest_auths == {registry.auth}  # the daemon sent the node's login for that host
         assert f"registry {registry.host}: logged in with the node's identity (DOCKER_CONFIG={where}/docker)" \
             in caplog.text
