@@ -122,6 +122,43 @@ def test_a_bundle_whose_content_does_not_match_its_name_is_refused(tmp_path):
     assert bundle.fetch(f"{store}/code/{good.sha256}.tar.gz", tmp_path / "cache").exists()
 
 
+def test_a_cached_bundle_another_job_replaced_is_fetched_again_not_run(tmp_path):
+    """Finding 2 of the isolation review: team A's job replaced team B's cached bundle, and B's next job ran A's
+    code. The cache is checked against the bundle's name at every use."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "main.py").write_text("print('team b')\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "main.py").write_text("print('team a')\n")
+    store = tmp_path / "store"
+    (store / "code").mkdir(parents=True)
+    b = bundle.pack(tmp_path / "b")
+    (store / "code" / f"{b.sha256}.tar.gz").write_bytes(b.gzipped())
+    uri = f"{store}/code/{b.sha256}.tar.gz"
+    cached = bundle.fetch(uri, tmp_path / "cache")
+    cached.write_bytes(bundle.pack(tmp_path / "a").gzipped())  # another job's code under B's name
+    again = bundle.fetch(uri, tmp_path / "cache")
+    code = bundle.unpack(again, tmp_path / "job" / "code")
+    assert (code / "main.py").read_text() == "print('team b')\n"
+
+
+def test_a_small_archive_of_a_huge_file_is_refused_before_it_is_unpacked(tmp_path):
+    """Finding 8: the bundle limit was held at submit only; a 0.4 MB archive unpacked to 400 MB on the node."""
+    import io
+    import tarfile
+
+    data = tmp_path / "bomb.tar.gz"
+    with tarfile.open(data, "w:gz") as tar:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 3 * bundle.MB
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    assert data.stat().st_size < 0.01 * bundle.MB
+    with pytest.raises(ValueError, match=r"^code bundle bomb.tar.gz: its files are 3.0 MB unpacked, over the "
+                                         r"bundle limit of 2 MB$"):
+        bundle.unpack(data, tmp_path / "job" / "code", max_bytes=2 * bundle.MB)
+    assert not (tmp_path / "job").exists()  # nothing written
+    assert (bundle.unpack(data, tmp_path / "job" / "code") / "zeros.bin").stat().st_size == 3 * bundle.MB
+
+
 def test_user_api_off_the_cluster(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("GPUFLEET_CHECKPOINT_URI", "GPUFLEET_STOP_FILE", "GPUFLEET_JOB_ID"):

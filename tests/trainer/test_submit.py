@@ -157,6 +157,8 @@ def test_image_job_is_sent_as_spec_1(queue):
      "MB to pack, over the bundle limit of 1 MB (largest: big.bin 2.0 MB)"),
     (["--image", "a:1", "--workdir", "."], "argument --workdir: not allowed with argument --image"),
     (["--job-id", "run1\n", "--", "--steps", "5"], "--job-id: 'run1\\n' is not allowed"),
+    (["--job-id", "j", "--bucket", "ckpt", "--workdir", ".", "--max-bundle-mb", "500", "--", "python"],
+     "--max-bundle-mb: 500 is not allowed; expected more than 0 and at most 200 (a node unpacks no larger bundle)"),
     (["--job-id", "j", "--image", "train:1", "--env", "K=\udcff", "--", "python"], "job j: env.K: not valid text"),
 ])
 def test_invalid_input_sends_nothing(queue, argv, message, tmp_path):

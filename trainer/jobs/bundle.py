@@ -136,27 +136,33 @@ def upload(bundle: Bundle, bucket: str) -> tuple[str, bool]:
     return base + bundle.key, True
 
 
+def _digest(path: Path) -> str:
+    """The SHA-256 of the bundle's tar stream (what its name carries)."""
+    try:
+        h = hashlib.sha256()
+        with gzip.open(path, "rb") as stream:
+            while chunk := stream.read(8 * MB):
+                h.update(chunk)
+        return h.hexdigest()
+    except (OSError, EOFError):
+        return "of no gzip stream"
+
+
 def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
-    """The bundle at ``uri`` in the local cache (downloaded once), the SHA-256 of its tar stream checked against
-    its name."""
+    """The bundle at ``uri`` in the local cache, the SHA-256 of its tar stream checked against its name at every
+    use: a cached copy that another job changed is downloaded again, never run."""
     from trainer.loop.storage import open_store
 
     base, _, name = uri.rpartition("/" + PREFIX)
     sha = name.removesuffix(".tar.gz")
     path = Path(cache_dir) / name
-    if path.exists():
+    if path.is_file() and not path.is_symlink() and _digest(path) == sha:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".part")
+    tmp.unlink(missing_ok=True)
     open_store(base + "/").download_file(PREFIX + name, tmp)
-    try:
-        h = hashlib.sha256()
-        with gzip.open(tmp, "rb") as stream:
-            while chunk := stream.read(8 * MB):
-                h.update(chunk)
-        digest = h.hexdigest()
-    except (OSError, EOFError):
-        digest = "of no gzip stream"
+    digest = _digest(tmp)
     if digest != sha:
         tmp.unlink()
         raise ValueError(f"code bundle {uri}: its content has SHA-256 {digest}, not the one it is named by")
@@ -164,11 +170,18 @@ def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
     return path
 
 
-def unpack(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
-    """A fresh copy of the bundle's files in ``dest`` (what an earlier attempt left there is removed)."""
-    dest = Path(dest)
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def unpack(archive: str | os.PathLike, dest: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Path:
+    """A fresh copy of the bundle's files in ``dest`` (what an earlier attempt left there is removed). The limit
+    submit holds a bundle to is held here too, from the archive's headers before a byte is written: a small
+    archive of a huge file would otherwise fill the node's disk."""
     with tarfile.open(archive, "r:gz") as tar:
-        tar.extractall(dest, filter="data")
+        members = tar.getmembers()
+        size = sum(m.size for m in members if m.isfile())
+        if size > max_bytes:
+            raise ValueError(f"code bundle {Path(archive).name}: its files are {size / MB:.1f} MB unpacked, over the "
+                             f"bundle limit of {max_bytes / MB:.0f} MB")
+        dest = Path(dest)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        tar.extractall(dest, members=members, filter="data")
     return dest

@@ -137,7 +137,7 @@ def parser() -> ArgumentParser:
                    help="exit statuses that always retry, never counting against --retries (repeatable)")
     p.add_argument("--max-nodes", type=int, metavar="N", help="the stack's largest node count (refuses bigger jobs)")
     p.add_argument("--max-bundle-mb", type=float, default=bundle.MAX_BYTES / bundle.MB, metavar="MB",
-                   help="limit on the files --workdir packs (default %(default)g MB)")
+                   help="limit on the files --workdir packs (default and most %(default)g MB: what a node unpacks)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                    help="every combination of these values (repeatable): train flags for --trainer, "
                         "environment variables (and {KEY} in ARGV) otherwise")
@@ -175,6 +175,9 @@ def main(argv: list[str]) -> int:
         if not args.bucket:
             raise UsageError("--workdir: --bucket is missing; the bundle goes to <bucket>/code/ (the stack's bucket, "
                              "or on Azure its checkpoints container URL)")
+        if not 0 < args.max_bundle_mb <= bundle.MAX_BYTES / bundle.MB:
+            raise UsageError(f"--max-bundle-mb: {args.max_bundle_mb:g} is not allowed; expected more than 0 and at "
+                             f"most {bundle.MAX_BYTES / bundle.MB:g} (a node unpacks no larger bundle)")
         packed = bundle.pack(args.workdir, int(args.max_bundle_mb * bundle.MB))
         fields["code"] = bundle.store_base(args.bucket) + packed.key
     base = Job(base_id, kind, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
