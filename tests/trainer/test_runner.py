@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from infra import catalog
 from infra.aws import efa
-from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, code_environment, docker_argv, job_environment,
-                                 loggable, node_facts, stop_grace)
+from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, Running, code_environment, docker_argv,
+                                 job_environment, loggable, node_facts, stop_grace)
 
 COMMON = ["docker", "run", "--rm", "--name", "gpufleet-j1-1-abc", "--label", "gpufleet.job", "--init",
           "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
@@ -94,3 +94,20 @@ def test_the_logged_docker_argv_names_each_variable_without_its_value():
     assert "--env" in shown and "DB_PASS" in shown and "OPENAI_KEY" in shown
     assert not [a for a in shown if "hunter2" in a or "sk-1" in a]
     assert shown[-4:] == ["img:1", "python", "--env", "X=1"]  # the job's own command is left as it is
+
+
+def test_the_stop_file_is_never_written_through_a_link_the_job_planted(tmp_path):
+    """Finding 4: the stop file was written through a link the job left in its control directory (it overwrote a
+    cached bundle). The link is replaced by the stop file; its target is untouched."""
+    control, victim = tmp_path / "control", tmp_path / "bundles" / "cached.tar.gz"
+    control.mkdir()
+    victim.parent.mkdir()
+    victim.write_bytes(b"someone else's bundle")
+    (control / "stop").symlink_to(victim)
+    Running(None, control / "stop").signal_stop()
+    assert victim.read_bytes() == b"someone else's bundle"
+    assert not (control / "stop").is_symlink() and (control / "stop").read_text() == "stop\n"
+    linked = tmp_path / "linked"  # a control directory that is itself a link is not followed either
+    linked.symlink_to(victim.parent, target_is_directory=True)
+    Running(None, linked / "stop").signal_stop()  # logged; the job still gets its SIGTERM
+    assert not (victim.parent / "stop").exists()

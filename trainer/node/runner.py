@@ -130,10 +130,27 @@ class Running:
         return self.proc.wait()
 
     def signal_stop(self) -> None:
-        """The stop file, for code that polls."""
-        if self.stop_file is not None:
+        """The stop file, for code that polls. The job can write its control directory: whatever it left at the
+        stop file's name (a link to a file of someone else's, say) is removed, and neither the directory nor the
+        file is opened through a link."""
+        if self.stop_file is None:
+            return
+        try:
             self.stop_file.parent.mkdir(parents=True, exist_ok=True)
-            self.stop_file.write_text("stop\n")
+            parent = os.open(self.stop_file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                try:
+                    os.unlink(self.stop_file.name, dir_fd=parent)
+                except FileNotFoundError:
+                    pass
+                fd = os.open(self.stop_file.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,
+                             dir_fd=parent)
+                with os.fdopen(fd, "w") as f:
+                    f.write("stop\n")
+            finally:
+                os.close(parent)
+        except OSError as exc:  # a link for a directory, a directory for the file, a file made in between
+            log.warning("stop file %s not written: %s; the job gets its signal", self.stop_file, exc.strerror)
 
     def stop(self, grace_s: int) -> None:
         raise NotImplementedError
