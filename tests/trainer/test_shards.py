@@ -58,6 +58,24 @@ def test_map_style_reads_ranges_and_then_only_the_cache(bucket, tmp_path):
         ds[len(ds)]
 
 
+def test_a_poisoned_block_or_a_planted_link_in_the_shared_cache_is_not_read_or_followed(bucket, tmp_path):
+    """Finding 3 of the isolation review: another job wrote POISONPOISON into the node's shared cache and a training
+    read it back; a link planted at a lock file made a reader truncate the link's target."""
+    ds = ShardDataset("s3://data/train", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=40)
+    assert ds[0].tolist() == every_record()[0]
+    (first,) = [p for p in tmp_path.rglob("40-0") if p.stat().st_size == 40][:1]
+    first.write_bytes(b"POISONPOISON")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    lock = first.parent / ".40-1.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(victim)
+    fresh = ShardDataset("s3://data/train", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=40)
+    assert [fresh[i].tolist() for i in range(len(fresh))] == every_record()  # read again from the object
+    assert victim.read_bytes() == b"keep me" and not lock.is_symlink()
+    assert first.read_bytes() != b"POISONPOISON"
+
+
 def test_stream_splits_shards_across_ranks_and_workers(bucket, tmp_path):
     seen = []
     for rank in range(2):

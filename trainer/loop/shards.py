@@ -19,6 +19,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -32,6 +33,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainer.errors import ArgumentParser, Fault, UsageError
+
+log = logging.getLogger("gpufleet.shards")
 
 DEFAULT_BLOCK_BYTES = 8 << 20
 CACHE_SHARE = 0.8  # of the cache disk's room (free + cached) the data cache may fill
@@ -128,19 +131,24 @@ class _S3Source:
         # The ETag in the name: a rewritten object never serves stale cached bytes.
         name = hashlib.sha256(f"{self.bucket}/{shard.key}/{shard.etag}".encode()).hexdigest()[:32]
         path = self.cache_dir / name / f"{self.block_bytes}-{index}"
-        if not path.exists():
+        length = min(self.block_bytes, shard.size - index * self.block_bytes)
+        data = _cached_block(path, length)
+        if data is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path.parent / f".{path.name}.lock", "w") as lock:
+            lock = _open_unlinked_link(path.parent / f".{path.name}.lock")
+            try:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other readers of this block wait, then hit the cache
-                if not path.exists():
-                    self._download(shard, index, path)
+                data = _cached_block(path, length)
+                if data is None:
+                    data = self._download(shard, index, path)
+            finally:
+                os.close(lock)
         else:
-            os.utime(path)  # recently used: evicted last
-        data = path.read_bytes()
+            os.utime(path, follow_symlinks=False)  # recently used: evicted last
         self._recent = {**dict(list(self._recent.items())[-1:]), (shard.key, index): data}  # the last two blocks
         return data
 
-    def _download(self, shard: Shard, index: int, path: Path) -> None:
+    def _download(self, shard: Shard, index: int, path: Path) -> bytes:
         start = index * self.block_bytes
         end = min(start + self.block_bytes, shard.size) - 1
         data = self.client.get_object(Bucket=self.bucket, Key=shard.key, Range=f"bytes={start}-{end}",
@@ -152,7 +160,7 @@ class _S3Source:
                 tmp.write_bytes(data)
                 os.replace(tmp, path)  # atomic: readers never see half a block
                 self._used += len(data)
-                return
+                return data
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
                 if exc.errno != errno.ENOSPC:
@@ -229,6 +237,42 @@ class _DirSource:
             return os.pread(fd, length, offset)
         finally:
             os.close(fd)
+
+
+def _cached_block(path: Path, length: int) -> bytes | None:
+    """The cached block at ``path`` if it is a plain file of the block's length; None (and the entry removed) for a
+    link, or a block of another length (another process's job wrote it): the caller downloads it again."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        path.unlink(missing_ok=True)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(length + 1)
+    if len(data) != length:
+        log.warning("data cache: %s holds %d bytes, not the block's %d; read again from the object",
+                    path, len(data), length)
+        path.unlink(missing_ok=True)
+        return None
+    return data
+
+
+def _open_unlinked_link(path: Path) -> int:
+    """A descriptor of the lock file at ``path``, never opened through a link (a link someone left there is
+    removed): opening it for writing through a link would truncate the link's target."""
+    for _ in (1, 2):
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            path.unlink(missing_ok=True)
+    raise Fault(f"data cache: {path} is replaced by a link again and again; give --data-cache a directory of "
+                "your own")
 
 
 def open_source(location: str, cache_dir: str | os.PathLike | None, block_bytes: int):
