@@ -11,8 +11,11 @@ from policies.tokens import IAM_ATTACHMENTS, IAM_POLICY_DOCS, IAM_ROLE
 # Action verbs that only read; anything else counts as a write.
 READ_VERBS = ("Get", "List", "Describe", "Head", "View", "Search", "Lookup", "Query", "Scan", "Select",
               "BatchGet", "Check", "Test", "Simulate")
-BROAD_MANAGED = re.compile(
-    r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?(AdministratorAccess|PowerUserAccess|\w*FullAccess)\Z")
+# AWS managed policies that reach beyond a stack: administration, a service's every action, and
+# AmazonSSMManagedInstanceCore (ssm:GetParameter(s) on every parameter of the account, which a job naming another
+# team's secret would borrow).
+BROAD_MANAGED = re.compile(r"^arn:aws[\w-]*:iam::aws:policy/(.*/)?"
+                           r"(AdministratorAccess|PowerUserAccess|\w*FullAccess|AmazonSSMManagedInstanceCore)\Z")
 
 
 def documents(resource_type: str, props: dict) -> list:
@@ -171,10 +174,12 @@ POLICIES = [
                     "StringEquals cloudwatch:namespace or aws:ResourceTag/gpufleet-stack."),
     resource_policy(
         "aws-iam-attachment-no-admin-managed-policy",
-        "No role, user or group gets AdministratorAccess, PowerUserAccess or an AWS *FullAccess policy.",
+        "No role, user or group gets AdministratorAccess, PowerUserAccess, an AWS *FullAccess policy or "
+        "AmazonSSMManagedInstanceCore (it reads every SSM parameter of the account).",
         types=[*IAM_ATTACHMENTS, IAM_ROLE], severity="critical", frameworks=["CIS"], check=check_broad_managed,
         remediation="Replace the managed policy with a customer-managed policy listing the needed actions on "
-                    "the stack's resources."),
+                    "the stack's resources (Session Manager: ssm:UpdateInstanceInformation and the four "
+                    "ssmmessages actions, conditioned on aws:ec2InstanceSourceVPC)."),
     resource_policy(
         "aws-iam-policy-bounded-launch",
         "IAM policies launch instances only from named launch templates with the stack tag, terminate only "

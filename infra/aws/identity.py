@@ -29,6 +29,7 @@ class IdentityArgs:
     key_arn: pulumi.Input[str]
     log_group_arn: pulumi.Input[str]
     parameters_arn: pulumi.Input[str]       # the job secrets' SSM path (policies.parameters_arn)
+    vpc_id: pulumi.Input[str]               # Session Manager from the stack's VPC only
     metric_namespace: str
     pull_statements: pulumi.Input[list]     # infra.aws.registry.pull_statements
     tags: dict[str, str]
@@ -47,29 +48,24 @@ class Identity(pulumi.ComponentResource):
             f"{p}-munge", name_prefix=f"{p}-munge-", description=f"{p}: the Slurm cluster's munge key (made by the "
             "controller)", kms_key_id=args.key_arn, recovery_window_in_days=MUNGE_RECOVERY_DAYS, tags=args.tags,
             opts=child)
-        managed_ssm = f"arn:{policies.partition(args.region)}:iam::aws:policy/AmazonSSMManagedInstanceCore"
-
         self.role = aws.iam.Role(
             f"{p}-node", description=f"{p} GPU nodes", assume_role_policy=json.dumps(policies.assume_role_ec2()),
             tags=args.tags, opts=child)
-        ssm = aws.iam.RolePolicyAttachment(f"{p}-node-ssm", role=self.role.name, policy_arn=managed_ssm, opts=child)
         inline = aws.iam.RolePolicy(
             f"{p}-node-policy", role=self.role.name,
             policy=pulumi.Output.all(args.bucket_arn, args.key_arn, args.log_group_arn, args.parameters_arn,
-                                     self.munge_secret.arn, args.pull_statements).apply(
-                lambda v: json.dumps(_with(policies.node_policy(*v[:5], metric_namespace=args.metric_namespace),
-                                           v[5]))),
+                                     self.munge_secret.arn, args.vpc_id, args.pull_statements).apply(
+                lambda v: json.dumps(_with(policies.node_policy(*v[:6], metric_namespace=args.metric_namespace),
+                                           v[6]))),
             opts=child)
         # Nodes launch only once their permissions are in place.
         self.instance_profile = aws.iam.InstanceProfile(
             f"{p}-node", role=self.role.name, tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[ssm, inline]))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[inline]))
 
         self.controller_role = aws.iam.Role(
             f"{p}-controller", description=f"{p} Slurm controller",
             assume_role_policy=json.dumps(policies.assume_role_ec2()), tags=args.tags, opts=child)
-        self.controller_ssm = aws.iam.RolePolicyAttachment(
-            f"{p}-controller-ssm", role=self.controller_role.name, policy_arn=managed_ssm, opts=child)
         self.controller_profile = aws.iam.InstanceProfile(
             f"{p}-controller", role=self.controller_role.name, tags=args.tags, opts=child)
         self.register_outputs({"role": self.role.arn, "instance_profile": self.instance_profile.arn,

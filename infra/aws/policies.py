@@ -140,8 +140,21 @@ def _logs_and_metrics(log_group_arn: str, metric_namespace: str) -> list[dict]:
     ]
 
 
+# What SSM Session Manager needs of an instance (AWS's minimum for Session Manager), in place of the managed
+# AmazonSSMManagedInstanceCore, which also reads every SSM parameter and document of the account. None of these
+# actions has resource-level permissions; the condition holds them to instances of the stack's VPC.
+SESSION_MANAGER = ("ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel",
+                   "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel")
+
+
+def session_manager(vpc_id: str) -> dict:
+    """Shell access through Session Manager, from instances in the stack's VPC only."""
+    return {"Sid": "SessionManager", "Effect": "Allow", "Action": list(SESSION_MANAGER), "Resource": "*",
+            "Condition": {"StringEquals": {"aws:ec2InstanceSourceVPC": vpc_id}}}
+
+
 def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_arn: str, munge_secret_arn: str,
-                metric_namespace: str) -> dict:
+                vpc_id: str, metric_namespace: str) -> dict:
     """What a GPU node (slurmd's jobs through the per-node task, its setup, preflight, log shipping) may do, and
     nothing more: no queue, no other node, no instance of its own to launch."""
     return _doc(
@@ -163,6 +176,7 @@ def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_ar
         # resolves its dimensions from the tags too (as AWS's CloudWatchAgentServerPolicy allows). DescribeTags
         # has no resource-level permissions.
         {"Sid": "ReadOwnTags", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
+        session_manager(vpc_id),
     )
 
 
@@ -175,7 +189,8 @@ LAUNCHED = ("instance", "volume", "network-interface", "spot-instances-request")
 def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str, key_arn: str, queue_arn: str,
                       dlq_arn: str, log_group_arn: str, munge_secret_arn: str, node_role_arn: str,
                       launch_template_arns: list[str], subnet_arns: list[str], security_group_arns: list[str],
-                      image_arns: list[str], placement_group_arns: list[str], metric_namespace: str) -> dict:
+                      image_arns: list[str], placement_group_arns: list[str], metric_namespace: str,
+                      vpc_id: str) -> dict:
     """What the controller (slurmctld's power saving, the bridge) may do: launch nodes only from the stack's
     launch templates, into its subnets and security group, tagged with the stack, passing only the node role;
     name and terminate only instances carrying the stack's tag; consume the job queue; keep the records and logs in
@@ -235,6 +250,7 @@ def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str,
          "Action": ["secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"],
          "Resource": munge_secret_arn},
         *_logs_and_metrics(log_group_arn, metric_namespace),
+        session_manager(vpc_id),
     )
 
 

@@ -126,6 +126,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
         log_group_arn=monitoring.log_group.arn,
         parameters_arn=account_id.apply(lambda acct: policies.parameters_arn(cfg.region, acct, names.parameters)),
+        vpc_id=network.vpc_id,
         metric_namespace=names.metric_namespace,
         pull_statements=account_id.apply(lambda acct: registry.pull_statements(
             cfg.region, acct, names.prefix, images.prefixes)),
@@ -169,9 +170,9 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     policy = pulumi.Output.all(
         account_id, storage.bucket.arn, storage.key.arn, queue.queue.arn, queue.dlq.arn, monitoring.log_group.arn,
         identity.munge_secret.arn, identity.role.arn, template_arns, subnet_ids, network.node_sg.id, image_id,
-        groups).apply(lambda v: policies.controller_policy(
+        groups, network.vpc_id).apply(lambda v: policies.controller_policy(
             cfg.region, v[0], cfg.stack, *v[1:8], launch_template_arns=list(v[8]),
-            metric_namespace=names.metric_namespace,
+            metric_namespace=names.metric_namespace, vpc_id=v[13],
             **ctl.policy_args(cfg.region, v[0], list(v[9]), [v[10]], v[11], [g for g in v[12].values() if g])))
     controller = Controller("controller", ControllerArgs(
         prefix=names.prefix, instance_type=cfg.controller.instance_type, image_id=image_id,

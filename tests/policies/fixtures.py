@@ -178,8 +178,8 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
         {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
     s.add("aws:iam/rolePolicy:RolePolicy", "node-policy", {"role": "node-1a2b", "policy": node_policy(name)},
           deps={"role": [role], "policy": [bucket]})
-    s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-ssm",
-          {"role": "node-1a2b", "policyArn": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"},
+    s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-extra",  # a customer-managed policy: fine
+          {"role": "node-1a2b", "policyArn": "arn:aws:iam::123456789012:policy/gpufleet-prod-extra"},
           deps={"role": [role]})
     _registry(s, key, t)
     return {"key": key, "bucket": bucket, "vpc": vpc, "subnet": subnet, "sg": sg, "role": role}

@@ -352,10 +352,14 @@ CASES = [
     Case("iam-write-star-no-condition", "prod", role_policy([{"Effect": "Allow", "Action": "cloudwatch:PutMetricData",
                                                               "Resource": "*"}]),
          ("aws-iam-policy-no-unconditioned-wildcard-write",), on="node-policy"),
-    Case("iam-admin-attachment", "prod", edit("node-ssm", policyArn="arn:aws:iam::aws:policy/AdministratorAccess"),
-         ("aws-iam-attachment-no-admin-managed-policy",), on="node-ssm"),
-    Case("iam-fullaccess-attachment", "prod", edit("node-ssm", policyArn="arn:aws:iam::aws:policy/AmazonS3FullAccess"),
-         ("aws-iam-attachment-no-admin-managed-policy",), on="node-ssm"),
+    Case("iam-admin-attachment", "prod", edit("node-extra", policyArn="arn:aws:iam::aws:policy/AdministratorAccess"),
+         ("aws-iam-attachment-no-admin-managed-policy",), on="node-extra"),
+    Case("iam-fullaccess-attachment", "prod", edit("node-extra",
+                                                   policyArn="arn:aws:iam::aws:policy/AmazonS3FullAccess"),
+         ("aws-iam-attachment-no-admin-managed-policy",), on="node-extra"),
+    Case("iam-ssm-core-attachment", "prod", edit("node-extra",  # every SSM parameter of the account
+                                                 policyArn="arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"),
+         ("aws-iam-attachment-no-admin-managed-policy",), on="node-extra"),
     # --- KMS, SQS, logs ---------------------------------------------------------------------------
     Case("kms-no-rotation", "prod", edit("key", enableKeyRotation=False), ("aws-kms-key-rotation",), on="key"),
     Case("kms-asymmetric-no-rotation", "prod", edit("key", enableKeyRotation=False, customerMasterKeySpec="RSA_2048")),

@@ -16,6 +16,7 @@ import pulumi
 import yaml
 
 from infra import config
+from infra.aws.policies import SESSION_MANAGER
 from infra.preview.mocks import PreviewMocks
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -115,8 +116,8 @@ def build_stack(cfg: config.StackConfig) -> Built:
 
 
 def assert_least_privilege(doc: dict, namespace: str) -> None:
-    """No wildcard action; Resource "*" only for Describe calls, namespaced PutMetricData and the ECR login
-    token (GetAuthorizationToken takes no resource)."""
+    """No wildcard action; Resource "*" only for Describe calls, namespaced PutMetricData, the ECR login
+    token (GetAuthorizationToken takes no resource) and Session Manager's actions held to one VPC (they take none)."""
     for st in doc["Statement"]:
         assert st["Effect"] == "Allow"
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
@@ -128,5 +129,9 @@ def assert_least_privilege(doc: dict, namespace: str) -> None:
                     assert st["Condition"] == {"StringEquals": {"cloudwatch:namespace": namespace}}
                 elif action == "ecr:GetAuthorizationToken":
                     assert actions == [action]
+                elif action in SESSION_MANAGER:
+                    vpc = st["Condition"]["StringEquals"]["aws:ec2InstanceSourceVPC"]
+                    assert list(st["Condition"]) == ["StringEquals"] and isinstance(vpc, str) and vpc, st
+                    assert "*" not in vpc and "?" not in vpc, vpc
                 else:
                     assert action.split(":")[1].startswith("Describe"), action

@@ -23,10 +23,11 @@ TEMPLATES = [f"{EC2}:launch-template/lt-0123456789abcdef0", f"{EC2}:launch-templ
 FS = "arn:aws:elasticfilesystem:eu-west-1:123456789012:file-system/fs-0123"
 HOME_AP = "arn:aws:elasticfilesystem:eu-west-1:123456789012:access-point/fsap-home"
 STATE_AP = "arn:aws:elasticfilesystem:eu-west-1:123456789012:access-point/fsap-state"
+VPC = "vpc-0123456789abcdef0"
 
 
 def node_policy() -> dict:
-    return policies.node_policy(BUCKET, KEY, LOGS, PARAMETERS, MUNGE, "gpufleet/dev")
+    return policies.node_policy(BUCKET, KEY, LOGS, PARAMETERS, MUNGE, VPC, "gpufleet/dev")
 
 
 def controller_policy() -> dict:
@@ -34,7 +35,7 @@ def controller_policy() -> dict:
         "eu-west-1", ACCOUNT, "dev", BUCKET, KEY, QUEUE, DLQ, LOGS, MUNGE, NODE_ROLE, TEMPLATES,
         subnet_arns=[f"{EC2}:subnet/subnet-1"], security_group_arns=[f"{EC2}:security-group/sg-1"],
         image_arns=["arn:aws:ec2:eu-west-1::image/ami-1"], placement_group_arns=[f"{EC2}:placement-group/pg"],
-        metric_namespace="gpufleet/dev")
+        metric_namespace="gpufleet/dev", vpc_id=VPC)
 
 
 def _list(value) -> list:
@@ -60,6 +61,18 @@ def test_node_policy_is_least_privilege_and_scoped():
     assert not {a for a in _actions(doc) if a.startswith(("sqs:", "autoscaling:", "iam:"))}
     assert {a for a in _actions(doc) if a.startswith("ec2:")} == {"ec2:DescribeTags"}
     assert "secretsmanager:PutSecretValue" not in _actions(doc)
+
+
+def test_session_manager_is_our_own_statement_bounded_to_the_vpc_and_ssm_reads_only_the_stacks_path():
+    """Finding 1 of the isolation review: the managed AmazonSSMManagedInstanceCore let a job read any SSM
+    parameter of the account ({"ssm": "/payments/prod/db-password"})."""
+    for doc in (node_policy(), controller_policy()):
+        (sm,) = [st for st in doc["Statement"] if st.get("Sid") == "SessionManager"]
+        assert set(sm["Action"]) == set(policies.SESSION_MANAGER) and sm["Resource"] == "*"
+        assert sm["Condition"] == {"StringEquals": {"aws:ec2InstanceSourceVPC": VPC}}
+        assert not [a for a in _actions(doc) if a.startswith("ssm:Get") and a != "ssm:GetParameter"]
+    assert [st["Resource"] for st in _statements_with(node_policy(), "ssm:GetParameter")] == [PARAMETERS]
+    assert not _statements_with(controller_policy(), "ssm:GetParameter")
 
 
 def test_least_privilege_check_rejects_wildcards():

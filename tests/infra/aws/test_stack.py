@@ -362,10 +362,9 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     assume = json.loads(role.inputs["assumeRolePolicy"])
     assert assume["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
     assert "managedPolicyArns" not in role.inputs and "inlinePolicies" not in role.inputs
-    attached = {r.inputs["role"]: r.inputs["policyArn"]
-                for r in built.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
-    ssm = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-    assert attached == {role.state["name"]: ssm, built.one(T["role"], "-controller").state["name"]: ssm}
+    # no managed policy (AmazonSSMManagedInstanceCore reads every SSM parameter of the account): Session Manager
+    # is a statement of the stack's own, held to its VPC
+    assert not built.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
     doc = json.loads(built.one(T["role_policy"], "-node").inputs["policy"])
     assert_least_privilege(doc, f"gpufleet/{built.cfg.stack}")
     bucket_arn = f"arn:aws:s3:::{built.outputs['bucket']}"
@@ -375,6 +374,8 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
     assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], secrets,
                                               log_arn, log_arn + ":*", built.outputs["mungeKeySecret"]} | repositories
+    (sm,) = [st for st in doc["Statement"] if st.get("Sid") == "SessionManager"]
+    assert sm["Condition"] == {"StringEquals": {"aws:ec2InstanceSourceVPC": built.outputs["vpcId"]}}
     profile = built.one("aws:iam/instanceProfile:InstanceProfile", "-node")
     assert profile.inputs["role"] == role.state["name"]
     assert built.one(T["lt"]).inputs["iamInstanceProfile"] == {"arn": profile.state["arn"]}
