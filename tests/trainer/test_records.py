@@ -183,13 +183,23 @@ def test_progress_is_written_at_a_bounded_rate_and_a_cancel_is_requested(tmp_pat
         rs.get("nope")
 
 
-def test_create_refuses_a_live_id_and_replaces_a_finished_one(tmp_path):
+def test_create_refuses_a_taken_id_and_reuses_a_finished_one_only_when_asked_again(tmp_path):
+    # issue 23, finding 6: a submit of an id another user had used replaced that job's record (and its job then
+    # restored the other's weights)
     rs = RecordStore(LocalStore(tmp_path))
     rs.create(Job("j").to_dict())
     with pytest.raises(UsageError, match="--job-id: job j exists and is queued; choose another id"):
         rs.create(Job("j").to_dict())
-    rs.update("j", lambda rec: {**rec, "state": "succeeded"})
-    assert rs.create(Job("j", args=("--steps", "2")).to_dict())["state"] == "queued"
+    rs.update("j", lambda rec: records.end(records.claim(rec, {"node": "n1", "gpus": 1}, 5.0), "succeeded", 0, None, 6.0))
+    before = rs.get("j")
+    with pytest.raises(UsageError) as refused:
+        rs.create(Job("j", args=("--steps", "2")).to_dict())
+    assert str(refused.value) == ("--job-id: job j exists (succeeded); ids are not reused: choose another id, or "
+                                  "pass --again for a new attempt of that job (it resumes from its checkpoints)")
+    assert rs.get("j") == before  # nothing lost
+    again = rs.create(Job("j", args=("--steps", "2")).to_dict(), again=True)
+    assert again["state"] == "queued" and again["spec"]["args"] == ["--steps", "2"]
+    assert again["attempts"] == before["attempts"]  # the next attempt is numbered on
     assert [r["state"] for r in rs.all()] == ["queued"]
 
 

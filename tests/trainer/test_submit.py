@@ -125,6 +125,30 @@ def test_workdir_is_uploaded_once_by_content(queue, tmp_path):
     assert sorted(tarfile.open(fileobj=io.BytesIO(body)).getnames()) == [".gpufleetignore", "pkg/m.py", "train.py"]
 
 
+def test_a_finished_jobs_id_is_refused_unless_a_new_attempt_is_asked_for(queue):
+    # issue 23, finding 6: a second submit of a finished job's id replaced its record, and the new job restored the
+    # first one's weights (its checkpoints are under the id)
+    from trainer.jobs.records import RecordStore, claim, end
+
+    sqs, url = queue
+    argv = ["--queue-url", url, "--bucket", "ckpt", "--job-id", "done1", "--", "--steps", "5"]
+    assert submit(*argv).returncode == 0
+    book = RecordStore.of_bucket("ckpt")
+    book.update("done1", lambda r: end(claim(r, {"node": "n1", "gpus": 1}, 1.0), "succeeded", 0, None, 2.0))
+    before = book.get("done1")
+    refused = submit(*argv[:-1], "9")
+    assert (refused.returncode, refused.stderr.splitlines()[-1:]) == (2, [
+        "error: --job-id: job done1 exists (succeeded); ids are not reused: choose another id, or pass --again for "
+        "a new attempt of that job (it resumes from its checkpoints)"])
+    assert book.get("done1") == before and len(received(sqs, url)) == 1  # nothing written, nothing sent
+    again = submit("--again", *argv[:-1], "9")
+    assert again.returncode == 0, again.stderr
+    rec = book.get("done1")
+    assert rec["state"] == "queued" and rec["spec"]["args"] == ["--steps", "9"]
+    assert rec["attempts"] == before["attempts"]
+    assert [m["args"] for m in received(sqs, url)] == [["--steps", "9"]]
+
+
 def test_image_job_is_sent_as_spec_1(queue):
     sqs, url = queue
     proc = submit("--queue-url", url, "--image", "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/train:1.4",

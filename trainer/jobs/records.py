@@ -64,6 +64,12 @@ def summary(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k != "spec"}
 
 
+def reused(job_id: str, state: str) -> str:
+    """The one line that refuses a finished job's id."""
+    return (f"--job-id: job {job_id} exists ({state}); ids are not reused: choose another id, or pass --again "
+            "for a new attempt of that job (it resumes from its checkpoints)")
+
+
 class Transition(UsageError):
     """A move the state machine does not allow (retry of a running job, ...): one line."""
 
@@ -235,16 +241,21 @@ class RecordStore:
                 time.sleep(random.uniform(0, 0.01 * min(tries + 1, 10)))  # let the other writer finish
         raise RuntimeError(f"{self.store.uri}{key}: still contended after {MAX_TRIES} tries")
 
-    def create(self, spec: dict) -> dict:
-        """The queued record of a submitted job; refused while a job of that id is not finished (a finished
-        one's record is replaced, its checkpoints stay where they are)."""
+    def create(self, spec: dict, again: bool = False) -> dict:
+        """The queued record of a submitted job. A job id is never silently reused: an id whose job is not
+        finished is refused, and so is a finished one's unless ``again`` (a new attempt of that job, by a user
+        who asked for it: its attempts so far are kept and numbered on; it resumes from its checkpoints)."""
         placeholder = new_record(spec, self.clock())
 
         def fresh(rec: dict) -> dict:
-            if rec is not placeholder and rec["state"] not in TERMINAL:
+            if rec is placeholder:
+                return placeholder
+            if rec["state"] not in TERMINAL:
                 raise UsageError(f"--job-id: job {spec['job_id']} exists and is {rec['state']}; choose another id "
                                  "(or `gpufleet jobs cancel` it first)")
-            return placeholder
+            if not again:
+                raise UsageError(reused(spec["job_id"], rec["state"]))
+            return {**placeholder, "attempts": rec["attempts"]}
 
         return self.update(spec["job_id"], fresh, missing=lambda: placeholder)
 

@@ -7,8 +7,10 @@ runs ARGV in a container of that image; ``--workdir`` packs the directory into a
 Every job is checked against the job spec (trainer/jobs/job.schema.json; a trainer job's flags by train's
 own parser) before anything is uploaded or sent: one bad job, nothing sent.
 With a bucket (``--bucket``, GPUFLEET_BUCKET, or the outputs of ``--stack``), each job's queued record
-(trainer.jobs.records) is written before its message is sent, so `gpufleet jobs list` shows it at once; a job
-id whose job is not finished is refused.
+(trainer.jobs.records) is written before its message is sent, so `gpufleet jobs list` shows it at once. A job
+id is never silently reused: one whose job is not finished is refused, and a finished one's too unless
+``--again`` asks for a new attempt of that job (its record keeps the earlier attempts; it resumes from its
+checkpoints).
 """
 from __future__ import annotations
 
@@ -141,6 +143,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                    help="every combination of these values (repeatable): train flags for --trainer, "
                         "environment variables (and {KEY} in ARGV) otherwise")
+    p.add_argument("--again", action="store_true",
+                   help="a new attempt of finished jobs of these ids (they resume from their checkpoints); without "
+                        "it a job id that exists is refused")
     p.add_argument("--dry-run", action="store_true", help="print the jobs, upload and send nothing")
     return p
 
@@ -191,10 +196,10 @@ def main(argv: list[str]) -> int:
     queue = open_queue(args.queue_url)
     book = None
     if args.bucket:
-        from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob
+        from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob, reused
 
         book = RecordStore.of_bucket(args.bucket)
-        for job in jobs:  # refuse a live id before anything is uploaded or sent
+        for job in jobs:  # refuse a taken id before anything is uploaded or sent
             try:
                 state = book.get(job.job_id)["state"]
             except UnknownJob:
@@ -202,6 +207,8 @@ def main(argv: list[str]) -> int:
             if state not in TERMINAL:
                 raise UsageError(f"--job-id: job {job.job_id} exists and is {state}; choose another id (or "
                                  "`gpufleet jobs cancel` it first)")
+            if not args.again:
+                raise UsageError(reused(job.job_id, state))
     else:
         print("note: no --bucket: no job records written (`gpufleet jobs list` shows these jobs once given "
               "--bucket or --stack)", file=sys.stderr)
@@ -211,7 +218,7 @@ def main(argv: list[str]) -> int:
               f"{'uploaded' if sent else 'already there, not uploaded again'}")
     for job in jobs:
         if book is not None:
-            book.create(job.to_dict())
+            book.create(job.to_dict(), again=args.again)
         queue.send(job.to_json())
         what = " ".join(job.args) if kind == "trainer" else " ".join(job.command)
         print(f"queued {job.job_id} ({kind}): {what}")
