@@ -1,5 +1,6 @@
 """EC2 guardrails: IMDSv2, encrypted EBS, no public IPs, no security group ingress from the internet,
-VPC endpoints that pass only the account's own principals and resources, and the Slurm controller's hardening.
+VPC endpoints that pass only the account's own principals and resources, a DNS firewall on the stack's VPC, and
+the Slurm controller's hardening.
 
 Launch-template booleans arrive as strings ("true"); `flag` reads both forms.
 """
@@ -7,9 +8,9 @@ from __future__ import annotations
 
 from policies.common import (UNKNOWN, Resource, Stack, as_list, aws_managed_key, flag, get, items, json_doc, number,
                              resource_policy, stack_policy, type_chain)
-from policies.tokens import (CONTROLLER, DEFAULT_SECURITY_GROUP, EBS_VOLUME, EIP, EIP_ASSOCIATION, INSTANCE,
-                            LAUNCH_TEMPLATE, NETWORK_INTERFACE, SECURITY_GROUP, SG_INGRESS_RULE, SG_RULE, SUBNET,
-                            VPC_ENDPOINT, VPC_ENDPOINT_POLICY)
+from policies.tokens import (CONTROLLER, DEFAULT_SECURITY_GROUP, DNS_FIREWALL_ASSOCIATION, EBS_VOLUME, EIP,
+                            EIP_ASSOCIATION, INSTANCE, LAUNCH_TEMPLATE, NETWORK_INTERFACE, SECURITY_GROUP,
+                            SG_INGRESS_RULE, SG_RULE, SUBNET, VPC, VPC_ENDPOINT, VPC_ENDPOINT_POLICY)
 
 WORLD = ("0.0.0.0/0", "::/0")
 
@@ -163,6 +164,15 @@ def check_endpoint_policy(stack: Stack, ctx):
             yield f"endpoint policy '{attached.name}': {problem}", attached.urn
 
 
+def check_dns_firewall(stack: Stack, ctx):
+    """Every VPC the stack creates has a Route 53 Resolver DNS Firewall rule group associated with it. An existing
+    VPC (gpufleet:network) is its owner's to firewall: an association filters every workload's DNS in it."""
+    for vpc in stack.of(VPC):
+        if not stack.referrers(vpc, [DNS_FIREWALL_ASSOCIATION], "vpcId"):
+            yield (f"VPC '{vpc.name}' has no DNS firewall rule group association: a job can resolve any name, and "
+                   f"tunnel data out through DNS queries"), vpc.urn
+
+
 # --- the Slurm controller -------------------------------------------------------------------------
 
 def controllers(stack: Stack) -> list[Resource]:
@@ -301,6 +311,13 @@ POLICIES = [
         remediation="Give every aws.ec2.VpcEndpoint a policy: Allow with Condition StringEquals aws:PrincipalAccount "
                     "and aws:ResourceAccount set to the account (or aws:PrincipalOrgID / aws:ResourceOrgID), and for "
                     "the S3 gateway only the stack's bucket ARNs plus the AWS-owned buckets the nodes need, by name."),
+    stack_policy(
+        "aws-ec2-vpc-dns-firewall",
+        "VPCs of the stack resolve names through a Route 53 Resolver DNS Firewall rule group.",
+        severity="medium", frameworks=["CIS", "GDPR", "HIPAA"], check=check_dns_firewall,
+        remediation="Associate an aws.route53.ResolverFirewallRuleGroup with the VPC "
+                    "(ResolverFirewallRuleGroupAssociation with vpcId of the VPC) that allows the AWS service "
+                    "domains the nodes need and blocks every other domain (infra.aws.dns_firewall)."),
     stack_policy(
         "aws-slurm-controller-hardened",
         "The Slurm controller instance is private, takes IMDSv2 tokens only with one hop, and encrypts its volumes "

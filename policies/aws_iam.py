@@ -1,11 +1,12 @@
-"""IAM guardrails: no wildcard actions, no admin-grade managed policies, no unconditioned writes on '*', and
-bounded launch rights (the Slurm controller launches GPU nodes with EC2 CreateFleet)."""
+"""IAM guardrails: no wildcard actions, no admin-grade managed policies, no unconditioned writes on '*',
+bounded launch rights (the Slurm controller launches GPU nodes with EC2 CreateFleet), KMS grants only for AWS
+resources, and instance credentials that work only on their instance."""
 from __future__ import annotations
 
 import re
 from fnmatch import fnmatchcase
 
-from policies.common import as_list, items, json_doc, resource_policy
+from policies.common import UNKNOWN, Stack, as_list, flag, items, json_doc, resource_policy, stack_policy
 from policies.tokens import IAM_ATTACHMENTS, IAM_POLICY_DOCS, IAM_ROLE
 
 # Action verbs that only read; anything else counts as a write.
@@ -157,6 +158,86 @@ def check_bounded_launch(props: dict, ctx):
                 yield f"{label}: statement {s.get('Sid') or i}: {gap}"
 
 
+# --- KMS grants ---------------------------------------------------------------------------------------
+
+CREATE_GRANT = "kms:CreateGrant"
+
+
+def _bool_condition(statement: dict, key: str):
+    """The value a Bool operator requires of condition `key`, else None."""
+    condition = statement.get("Condition")
+    for op, pairs in (condition.items() if isinstance(condition, dict) else ()):
+        if isinstance(op, str) and op.lower() == "bool" and isinstance(pairs, dict):
+            for k, value in pairs.items():
+                if isinstance(k, str) and k.lower() == key.lower():
+                    return value
+    return None
+
+
+def check_grants_for_aws_resources(props: dict, ctx):
+    for label, doc in documents(ctx.resource_type, props):
+        for i, s in enumerate(allow_statements(doc)):
+            if allows(s, CREATE_GRANT) and flag(_bool_condition(s, "kms:GrantIsForAWSResource")) is not True:
+                yield (f"{label}: statement {s.get('Sid') or i} allows {CREATE_GRANT} without a Bool "
+                       f"kms:GrantIsForAWSResource 'true' condition")
+
+
+# --- instance credentials --------------------------------------------------------------------------------
+
+EC2_SERVICE = "ec2.amazonaws.com"
+# The data-perimeter Denies for EC2 role credentials: the credential's own VPC and address against the request's.
+CREDENTIAL_DENIES = (("aws:ec2InstanceSourceVPC", "${aws:SourceVpc}"),
+                     ("aws:ec2InstanceSourcePrivateIPv4", "${aws:VpcSourceIp}"))
+
+
+def trusts_ec2(role: dict) -> bool:
+    """The role's trust policy lets EC2 instances assume it: a node's or the controller's role."""
+    doc = json_doc(role.get("assumeRolePolicy"))
+    return isinstance(doc, dict) and any(
+        s.get("Effect") == "Allow" and EC2_SERVICE in as_list((s.get("Principal") or {}).get("Service"))
+        for s in as_list(doc.get("Statement")) if isinstance(s, dict) and isinstance(s.get("Principal"), dict))
+
+
+def _value(statement: dict, operator: str, key: str):
+    pairs = (statement.get("Condition") or {}).get(operator)
+    if not isinstance(pairs, dict):
+        return None
+    return next((v for k, v in pairs.items() if isinstance(k, str) and k.lower() == key.lower()), None)
+
+
+def denies_off_instance(statement: dict, key: str, variable: str) -> bool:
+    """A Deny of every action on every resource for instance credentials (ec2:SourceInstanceARN set) whose
+    `key` differs from the request's `variable`."""
+    return (statement.get("Effect") == "Deny" and "*" in as_list(statement.get("Action"))
+            and "*" in as_list(statement.get("Resource")) and isinstance(statement.get("Condition"), dict)
+            and as_list(_value(statement, "StringNotEquals", key)) == [variable]
+            and flag(_value(statement, "Null", "ec2:SourceInstanceARN")) is False)
+
+
+def role_documents(stack: Stack, role) -> list:
+    """The policy documents a role holds: inline, aws.iam.RolePolicy and attached aws.iam.Policy resources."""
+    docs = [json_doc(p.get("policy")) for p in items(role.props.get("inlinePolicies")) if isinstance(p, dict)]
+    docs += [json_doc(p.props.get("policy")) for p in stack.referrers(role, IAM_POLICY_DOCS, "role")]
+    for attachment in stack.referrers(role, IAM_ATTACHMENTS, "role"):
+        docs += [json_doc(p.props.get("policy")) for p in stack.targets(attachment, IAM_POLICY_DOCS, "policyArn")]
+    return docs
+
+
+def check_credentials_stay_on_instance(stack: Stack, ctx):
+    for role in stack.of(IAM_ROLE):
+        if not trusts_ec2(role.props):
+            continue
+        docs = role_documents(stack, role)
+        if UNKNOWN in docs:
+            continue
+        statements = [s for d in docs if isinstance(d, dict)
+                      for s in as_list(d.get("Statement")) if isinstance(s, dict)]
+        for key, variable in CREDENTIAL_DENIES:
+            if not any(denies_off_instance(s, key, variable) for s in statements):
+                yield (f"instance role '{role.name}' has no Deny of its credentials where {key} is not "
+                       f"{variable}: stolen from an instance, they work anywhere"), role.urn
+
+
 _DOC_TYPES = [*IAM_POLICY_DOCS, IAM_ROLE]
 POLICIES = [
     resource_policy(
@@ -190,4 +271,20 @@ POLICIES = [
                     "ec2:TerminateInstances with StringEquals ec2:ResourceTag/gpufleet-stack; iam:PassRole on the "
                     "node role's ARN with StringEquals iam:PassedToService ec2.amazonaws.com "
                     "(infra.aws.policies.controller_policy)."),
+    resource_policy(
+        "aws-iam-policy-kms-grant-for-aws-resource",
+        "IAM policies allow kms:CreateGrant only for grants an AWS service asks for on an AWS resource.",
+        types=_DOC_TYPES, severity="high", frameworks=["CIS"], check=check_grants_for_aws_resources,
+        remediation="Add Condition {\"Bool\": {\"kms:GrantIsForAWSResource\": \"true\"}} to every Allow of "
+                    "kms:CreateGrant (or a pattern such as kms:*Grant), in a statement of its own "
+                    "(infra.aws.registry.template_role_policy)."),
+    stack_policy(
+        "aws-iam-instance-role-credentials-stay-on-instance",
+        "Roles that EC2 instances assume deny their credentials outside the instance's VPC and address.",
+        severity="high", frameworks=["CIS"], check=check_credentials_stay_on_instance,
+        remediation="Add AWS's data-perimeter Denies to the role's policy (infra.aws.policies.stay_on_instance): "
+                    "Deny '*' on '*' with StringNotEquals aws:ec2InstanceSourceVPC '${aws:SourceVpc}' (and "
+                    "aws:ec2InstanceSourcePrivateIPv4 '${aws:VpcSourceIp}'), Null ec2:SourceInstanceARN 'false', "
+                    "BoolIfExists aws:ViaAWSService 'false'; reach every service the role calls through a VPC "
+                    "endpoint."),
 ]

@@ -37,6 +37,7 @@ EIP_ASSOCIATION = "aws:ec2/eipAssociation:EipAssociation"
 SECRET = "aws:secretsmanager/secret:Secret"
 EFS_FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
 EFS_POLICY = "aws:efs/fileSystemPolicy:FileSystemPolicy"
+DNS_FIREWALL_ASSOCIATION = "aws:route53/resolverFirewallRuleGroupAssociation:ResolverFirewallRuleGroupAssociation"
 
 # gpufleet's AWS components (infra/aws): a Slurm partition, whose properties are {partition, instanceTypes, maxNodes,
 # alwaysOn, spot, onDemandBase, gang, gpusPerNode, efaInterfaces, subnetIds} and whose children are its launch

@@ -7,6 +7,11 @@ calls that IAM cannot scope and for PutMetricData, which is held to the stack's 
 log group, and only VPC Flow Logs of this account can assume it. The VPC endpoints pass only this
 account's principals acting on this account's resources, and the S3 gateway endpoint only the
 buckets the nodes use.
+
+Node and controller credentials work only on their instance: each role carries AWS's data-perimeter Deny for
+EC2 role credentials (`stay_on_instance`), which refuses a request signed with them unless it comes from the
+instance's own VPC and private address through a VPC endpoint, or from an AWS service acting for them. Every
+service the two roles call directly therefore has an endpoint in the stack's VPC (infra.aws.network).
 """
 from __future__ import annotations
 
@@ -153,17 +158,43 @@ def session_manager(vpc_id: str) -> dict:
             "Condition": {"StringEquals": {"aws:ec2InstanceSourceVPC": vpc_id}}}
 
 
+def stay_on_instance() -> list[dict]:
+    """AWS's data-perimeter Deny for EC2 role credentials (AWS Security Blog, "How to use policies to restrict
+    where EC2 instance credentials can be used from", 2023): a request signed with the credentials of an instance
+    (ec2:SourceInstanceARN is set) fails unless it comes through a VPC endpoint of the instance's own VPC
+    (aws:SourceVpc) from the instance's own primary private address (aws:VpcSourceIp). Calls an AWS service makes
+    for the role (S3 using the key, EC2 encrypting a node's volume) are not held to it (aws:ViaAWSService)."""
+    def deny(sid: str, key: str, variable: str) -> dict:
+        return {"Sid": sid, "Effect": "Deny", "Action": "*", "Resource": "*",
+                "Condition": {"StringNotEquals": {key: variable}, "Null": {"ec2:SourceInstanceARN": "false"},
+                              "BoolIfExists": {"aws:ViaAWSService": "false"}}}
+
+    return [deny("CredentialsOnlyFromOwnVpc", "aws:ec2InstanceSourceVPC", "${aws:SourceVpc}"),
+            deny("CredentialsOnlyFromOwnAddress", "aws:ec2InstanceSourcePrivateIPv4", "${aws:VpcSourceIp}")]
+
+
+# Where a node writes in the bucket (trainer/): each job's record, checkpoints and log chunks under
+# jobs/<job_id>/ (trainer.jobs.records.record_key, trainer.slurm.task.default_checkpoint_uri,
+# trainer.jobs.logs.prefix) and the record index (trainer.jobs.records.INDEX_PREFIX). Everything else, code
+# bundles under code/ (content-addressed: trainer.jobs.bundle.PREFIX) and data, a node only reads.
+NODE_WRITES = ("jobs/", "jobs-index/")
+NODE_DELETES = ("jobs/",)   # checkpoint rotation; index shards are rewritten, never deleted
+
+
 def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_arn: str, munge_secret_arn: str,
                 vpc_id: str, metric_namespace: str) -> dict:
     """What a GPU node (slurmd's jobs through the per-node task, its setup, preflight, log shipping) may do, and
-    nothing more: no queue, no other node, no instance of its own to launch."""
+    nothing more: no queue, no other node, no instance of its own to launch; in the bucket it reads everything
+    and writes only under `NODE_WRITES`, so no job can replace a code bundle or a data set."""
     return _doc(
         {"Sid": "ListCheckpointBucket", "Effect": "Allow",
          "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
-        {"Sid": "ReadWriteCheckpoints", "Effect": "Allow",
-         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-                    "s3:ListMultipartUploadParts"],
-         "Resource": f"{bucket_arn}/*"},
+        {"Sid": "ReadBucket", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
+        {"Sid": "WriteJobPrefixes", "Effect": "Allow",
+         "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in NODE_WRITES]},
+        {"Sid": "DeleteJobObjects", "Effect": "Allow", "Action": "s3:DeleteObject",
+         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in NODE_DELETES]},
         {"Sid": "UseStackKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
          "Resource": key_arn},
         # the secrets a job's env names ({"ssm": NAME}), under the stack's path only
@@ -177,6 +208,7 @@ def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_ar
         # has no resource-level permissions.
         {"Sid": "ReadOwnTags", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
         session_manager(vpc_id),
+        *stay_on_instance(),
     )
 
 
@@ -251,6 +283,7 @@ def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str,
          "Resource": munge_secret_arn},
         *_logs_and_metrics(log_group_arn, metric_namespace),
         session_manager(vpc_id),
+        *stay_on_instance(),
     )
 
 

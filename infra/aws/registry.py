@@ -96,15 +96,25 @@ def assume_role_ecr(account_id: str) -> dict:
          "Condition": {"StringEquals": {"aws:SourceAccount": account_id}}}]}
 
 
+# A grant on the stack key only for an AWS resource: KMS sets kms:GrantIsForAWSResource when an integrated service
+# (here ECR, for the repository it creates) asks on the principal's behalf. KMS evaluates the key for CreateGrant,
+# ListGrants and RevokeGrant only (KMS developer guide, "Controlling access to grants"): RetireGrant, which ends a
+# grant and gives nothing, goes with DescribeKey, unconditioned.
+FOR_AWS_RESOURCE = {"Bool": {"kms:GrantIsForAWSResource": "true"}}
+
+
 def template_role_policy(region: str, account_id: str, prefixes: list[str], key_arn: str) -> dict:
     """The role ECR uses to create cached repositories from the creation templates: create and tag
-    repositories under the rules' prefixes, and hand the stack key to them (grants ECR uses to encrypt)."""
+    repositories under the rules' prefixes, and hand the stack key to them (grants ECR uses to encrypt, for
+    AWS resources only)."""
     cached = [cached_repositories_arn(region, account_id, p) for p in prefixes]
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "CreateCachedRepositories", "Effect": "Allow", "Action": ["ecr:CreateRepository", "ecr:TagResource"],
          "Resource": cached},
-        {"Sid": "EncryptWithStackKey", "Effect": "Allow",
-         "Action": ["kms:CreateGrant", "kms:RetireGrant", "kms:DescribeKey"], "Resource": key_arn},
+        {"Sid": "GrantStackKeyToRepositories", "Effect": "Allow", "Action": "kms:CreateGrant", "Resource": key_arn,
+         "Condition": FOR_AWS_RESOURCE},
+        {"Sid": "ReadStackKeyRetireGrants", "Effect": "Allow", "Action": ["kms:DescribeKey", "kms:RetireGrant"],
+         "Resource": key_arn},
     ]}
 
 

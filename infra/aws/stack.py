@@ -15,6 +15,7 @@ from infra import catalog, metrics, slurm
 from infra.aws import controller as ctl
 from infra.aws import efa, partition, policies, registry
 from infra.aws.controller import Controller, ControllerArgs
+from infra.aws.dns_firewall import DnsFirewall, DnsFirewallArgs
 from infra.aws.flowlogs import FlowLogs, FlowLogsArgs
 from infra.aws.identity import Identity, IdentityArgs
 from infra.aws.monitoring import LOG_RETENTION_DAYS, Monitoring, MonitoringArgs
@@ -37,6 +38,7 @@ class Names:
     node_group: str          # the metric dimension of the nodes' series (metrics.ASG)
     log_group: str
     flow_log_group: str
+    dns_log_group: str       # the DNS firewall's query log (a VPC of the stack's own)
     chat_log_group: str
     metric_namespace: str
     parameters: str          # the SSM path of the job secrets nodes may read
@@ -46,6 +48,7 @@ class Names:
         prefix = f"gpufleet-{stack}"
         return cls(prefix=prefix, node_group=f"{prefix}-nodes", log_group=f"/gpufleet/{stack}",
                    flow_log_group=f"/gpufleet/{stack}/vpc-flow-logs",
+                   dns_log_group=f"/gpufleet/{stack}/dns-queries",
                    chat_log_group=f"/gpufleet/{stack}/chat-alerts",
                    metric_namespace=metrics.namespace(stack), parameters=f"/gpufleet/{stack}/")
 
@@ -105,8 +108,9 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
     storage = Storage("storage", StorageArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id,
-        log_group_names=(names.log_group, names.flow_log_group) + (
-            (names.chat_log_group,) if any(a.kind == "chat" for a in cfg.alert_targets) else ()),
+        log_group_names=(names.log_group, names.flow_log_group)
+        + ((names.dns_log_group,) if cfg.network is None else ())
+        + ((names.chat_log_group,) if any(a.kind == "chat" for a in cfg.alert_targets) else ()),
         access_logging=cfg.data_classification in ACCESS_LOGGED, tags=tags))
     queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
     images = Registry("registry", RegistryArgs(
@@ -135,6 +139,12 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         prefix=names.prefix, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
         key_arn=storage.key.arn, log_group_name=names.flow_log_group,
         retention_days=LOG_RETENTION_DAYS[cfg.data_classification], tags=tags))
+    dns = None
+    if cfg.network is None:  # an existing VPC's DNS is its owner's (infra.aws.dns_firewall)
+        dns = DnsFirewall("dns-firewall", DnsFirewallArgs(
+            prefix=names.prefix, region=cfg.region, vpc_id=network.vpc_id, key_arn=storage.key.arn,
+            log_group_name=names.dns_log_group, retention_days=LOG_RETENTION_DAYS[cfg.data_classification],
+            tags=tags))
     shared = SharedFs("shared-fs", SharedFsArgs(
         prefix=names.prefix, key_arn=storage.key.arn, subnet_ids=network.subnet_ids,
         security_group_id=network.shared_fs_sg.id, node_role_arn=identity.role.arn,
@@ -206,6 +216,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "placementGroups": groups,
         "logGroup": monitoring.log_group.name,
         "flowLogGroup": flow_logs.log_group.name,
+        "dnsQueryLogGroup": dns.log_group.name if dns else None,
         "metricNamespace": names.metric_namespace,
         "alertTopic": monitoring.topic.arn,
         "dashboard": monitoring.dashboard.dashboard_name,

@@ -18,7 +18,8 @@ them and down when idle, so a stack has two sizes worth pricing:
   type's price (the node provider launches the type list in order, primary first), spot at the lowest planning
   spot price of the listed types (the providers favour the cheapest pools with capacity: the low end).
 - ``usage``: usage-based items that a stack cannot do without (the shared file systems' storage on AWS and
-  Tencent, the data the Azure controller's NAT gateway processes), listed with their unit price and not summed:
+  Tencent, the queries the DNS firewall of an AWS stack's own VPC processes, the data the Azure controller's NAT
+  gateway processes), listed with their unit price and not summed:
   the bill depends on what users store and what the controller sends.
 - Amounts keep their ``_usd`` key names whatever ``currency`` is, so that a preview diffs against one
   written before other currencies existed; a Tencent stack's amounts are CNY.
@@ -50,6 +51,12 @@ GP3_GB_MONTH = 0.08                  # gp3 storage; the baseline 3000 IOPS / 125
 SECRET_MONTH = 0.40
 # EFS Standard storage, $0.30 per GB-month (https://aws.amazon.com/efs/pricing/). Usage-based: not summed.
 EFS_STANDARD_GB_MONTH = 0.30
+# Route 53 Resolver DNS Firewall: $0.60 per million queries processed (first billion a month) and $0.0005 per
+# domain name per month (https://aws.amazon.com/route53/pricing/, as transcribed in api-evangelist/amazon-route53-
+# resolver plans/amazon-route53-resolver-plans-pricing.yml, read 2026-09-20). The queries are usage: listed, not
+# summed. The stack's DNS_FIREWALL_DOMAINS domain names cost $0.0015 a month, under the cent the estimate counts
+# in: not listed.
+DNS_FIREWALL_MILLION_QUERIES = 0.60
 # --- Azure list prices, eastus ------------------------------------------------------------------------------
 # Premium SSD managed disks bill by tier, the smallest holding the size. P6 (64 GiB) is unverified; it agrees
 # with a third-party table of East US list prices that also carries the P10-P30 prices below.
@@ -86,6 +93,7 @@ AWS_ROOT_VOLUME_GIB = 200            # per node, gp3 (infra/aws/partition.py ROO
 AWS_CONTROLLER_ROOT_GIB = 50         # the controller's root volume, gp3 (infra/aws/controller.py ROOT_VOLUME_GIB)
 AWS_INTERFACE_ENDPOINTS = 10         # services with an interface endpoint in the stack's own VPC
 AWS_QUEUE_MODE_AZS = 3               # subnets (AZs) unless every partition is a gang; then one
+DNS_FIREWALL_DOMAINS = 3             # the allowed domains and the "*" blocked (infra/aws/dns_firewall.py)
 AZURE_OS_DISK_GB = 256               # per node, Premium SSD
 AZURE_CONTROLLER_OS_DISK_GB = 64     # the controller's OS disk, Premium SSD (P6)
 AZURE_FILES_SHARE_GIB = 100          # each NFS share's provisioned size (the premium minimum)
@@ -190,8 +198,12 @@ def fixed_items(cfg: StackConfig) -> list[dict]:
 def usage_items(cfg: StackConfig) -> list[dict]:
     """Usage-based items with their unit price (not summed: the bill depends on what is stored and sent)."""
     if cfg.cloud == "aws":
-        return [{"item": "EFS Standard storage (shared file system)", "unit": "GB-month",
-                 "usd_each": EFS_STANDARD_GB_MONTH}]
+        items = [{"item": "EFS Standard storage (shared file system)", "unit": "GB-month",
+                  "usd_each": EFS_STANDARD_GB_MONTH}]
+        if cfg.network is None:  # the stack's own VPC has its DNS firewall
+            items.append({"item": "DNS Firewall queries (the stack's VPC)", "unit": "million queries",
+                          "usd_each": DNS_FIREWALL_MILLION_QUERIES})
+        return items
     if cfg.cloud == "tencent":
         return [{"item": f"CFS Standard storage ({TENCENT_CFS_FILE_SYSTEMS} file systems: home, slurm state)",
                  "unit": "GiB-month", "usd_each": CFS_STANDARD_GB_MONTH}]

@@ -61,6 +61,16 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "aws:ec2/routeTableAssociation:RouteTableAssociation": ("subnetId", "gatewayId"),
     "aws:ec2/flowLog:FlowLog": ("vpcId", "subnetId", "logDestination", "logDestinationType", "trafficType",
                                 "iamRoleArn", "maxAggregationInterval"),
+    # the DNS firewall (infra/aws/dns_firewall.py)
+    "aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList": ("name",),
+    "aws:route53/resolverFirewallRuleGroup:ResolverFirewallRuleGroup": ("name",),
+    "aws:route53/resolverFirewallRule:ResolverFirewallRule": ("name", "firewallRuleGroupId", "firewallDomainListId",
+                                                              "qType"),
+    "aws:route53/resolverFirewallRuleGroupAssociation:ResolverFirewallRuleGroupAssociation": (
+        "firewallRuleGroupId", "vpcId"),
+    "aws:route53/resolverQueryLogConfig:ResolverQueryLogConfig": ("name", "destinationArn"),
+    "aws:route53/resolverQueryLogConfigAssociation:ResolverQueryLogConfigAssociation": (
+        "resolverQueryLogConfigId", "resourceId"),
     # storage
     "aws:s3/bucket:Bucket": ("bucket", "bucketPrefix", "objectLockEnabled"),
     "aws:s3/bucketVersioning:BucketVersioning": ("bucket", "expectedBucketOwner"),

@@ -172,6 +172,21 @@ def _with_arn(prefix: str, arn_kind: str, extra: Callable[[PreviewMocks, str, st
     return handler
 
 
+def _resolver(prefix: str, arn_kind: str | None) -> Handler:
+    """A Route 53 Resolver resource: ``rslvr-<prefix>-<17 hex>`` id and, if it has one,
+    ``arn:aws:route53resolver:...:<arn_kind>/<id>``."""
+    def handler(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+        rid = m.hexid(f"rslvr-{prefix}", typ, name)
+        return rid, ({"arn": m.arn("route53resolver", f"{arn_kind}/{rid}"), "ownerId": m.account} if arn_kind
+                     else {})
+    return handler
+
+
+def _firewall_rule(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """A DNS firewall rule: the provider's id is `<rule group id>:<domain list id>`."""
+    return f"{inputs.get('firewallRuleGroupId', '')}:{inputs.get('firewallDomainListId', '')}", {}
+
+
 def _vpc_extra(m, typ, name, inputs, rid):
     return {"defaultSecurityGroupId": m.hexid("sg", typ, name + "/default"),
             "mainRouteTableId": m.hexid("rtb", typ, name + "/main"),
@@ -336,6 +351,13 @@ _AWS: dict[str, Handler] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": _with_arn("vpce", "vpc-endpoint", _endpoint_extra),
     "aws:ec2/launchTemplate:LaunchTemplate": _with_arn("lt", "launch-template", _lt_extra),
     "aws:ec2/flowLog:FlowLog": _with_arn("fl", "vpc-flow-log"),
+    "aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList": _resolver("fdl", "firewall-domain-list"),
+    "aws:route53/resolverFirewallRuleGroup:ResolverFirewallRuleGroup": _resolver("frg", "firewall-rule-group"),
+    "aws:route53/resolverFirewallRule:ResolverFirewallRule": _firewall_rule,
+    "aws:route53/resolverFirewallRuleGroupAssociation:ResolverFirewallRuleGroupAssociation": _resolver(
+        "frgassoc", "firewall-rule-group-association"),
+    "aws:route53/resolverQueryLogConfig:ResolverQueryLogConfig": _resolver("rqlc", "resolver-query-log-config"),
+    "aws:route53/resolverQueryLogConfigAssociation:ResolverQueryLogConfigAssociation": _resolver("rqlca", None),
     "aws:ec2/placementGroup:PlacementGroup": _placement_group,
     "aws:ec2/networkInterface:NetworkInterface": _with_arn("eni", "network-interface", _eni_extra),
     "aws:ec2/instance:Instance": _with_arn("i", "instance", _instance_extra),

@@ -117,12 +117,39 @@ def account_only_policy(account: str = ACCOUNT) -> str:
                                                     "aws:ResourceAccount": account}}}])
 
 
-def node_policy(bucket: str) -> str:
-    return _policy([
+def node_statements(bucket: str) -> list[dict]:
+    return [
         {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"arn:aws:s3:::{bucket}/*"},
         {"Effect": "Allow", "Action": ["ec2:DescribeInstances", "ec2:DescribeTags"], "Resource": "*"},
         {"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
-         "Condition": {"StringEquals": {"cloudwatch:namespace": "gpufleet/test"}}}])
+         "Condition": {"StringEquals": {"cloudwatch:namespace": "gpufleet/test"}}}]
+
+
+def on_instance_statements() -> list[dict]:
+    """The Denies that keep instance credentials on their instance (infra.aws.policies.stay_on_instance)."""
+    rest = {"Null": {"ec2:SourceInstanceARN": "false"}, "BoolIfExists": {"aws:ViaAWSService": "false"}}
+    return [{"Sid": "CredentialsOnlyFromOwnVpc", "Effect": "Deny", "Action": "*", "Resource": "*", "Condition": {
+                "StringNotEquals": {"aws:ec2InstanceSourceVPC": "${aws:SourceVpc}"}, **rest}},
+            {"Sid": "CredentialsOnlyFromOwnAddress", "Effect": "Deny", "Action": "*", "Resource": "*", "Condition": {
+                "StringNotEquals": {"aws:ec2InstanceSourcePrivateIPv4": "${aws:VpcSourceIp}"}, **rest}}]
+
+
+def _dns_firewall(s: Stack, vpc: dict, t: dict) -> None:
+    """The VPC's DNS firewall: AWS names and the VPC's own allowed, the rest blocked (infra.aws.dns_firewall)."""
+    allowed = s.add("aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList", "dns-allowed", {
+        "name": "dns-allowed", "domains": ["*.eu-north-1.amazonaws.com", "*.eu-north-1.compute.internal"], "tags": t})
+    everything = s.add("aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList", "dns-everything", {
+        "name": "dns-everything", "domains": ["*"], "tags": t})
+    group = s.add("aws:route53/resolverFirewallRuleGroup:ResolverFirewallRuleGroup", "dns", {"name": "dns", "tags": t})
+    for name, action, priority, domains in (("dns-allow-aws", "ALLOW", 100, allowed),
+                                            ("dns-block-rest", "BLOCK", 200, everything)):
+        s.add("aws:route53/resolverFirewallRule:ResolverFirewallRule", name, {
+            "name": name, "action": action, "priority": priority, "firewallDomainListId": "rslvr-fdl-1",
+            "firewallRuleGroupId": "rslvr-frg-1", **({"blockResponse": "NXDOMAIN"} if action == "BLOCK" else {})},
+            deps={"firewallDomainListId": [domains], "firewallRuleGroupId": [group]})
+    s.add("aws:route53/resolverFirewallRuleGroupAssociation:ResolverFirewallRuleGroupAssociation", "dns-association", {
+        "name": "dns", "firewallRuleGroupId": "rslvr-frg-1", "vpcId": "vpc-0a1b2c3d4e5f60718", "priority": 101,
+        "tags": t}, deps={"firewallRuleGroupId": [group], "vpcId": [vpc]})
 
 
 def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
@@ -149,6 +176,7 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     s.add("aws:ec2/flowLog:FlowLog", "flow", {"vpcId": "vpc-0a1b2c3d4e5f60718", "trafficType": "ALL",
                                               "logDestinationType": "cloud-watch-logs", "tags": t},
           deps={"vpcId": [vpc]})
+    _dns_firewall(s, vpc, t)
     s3_endpoint = {"Version": "2012-10-17", "Statement": [
         {"Sid": "StackBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
          "Resource": [f"arn:aws:s3:::{name}", f"arn:aws:s3:::{name}/*"],
@@ -176,8 +204,8 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
            "securityGroupId": "sg-51b340616cd3da298", "tags": t}, deps={"securityGroupId": [sg]})
     role = s.add("aws:iam/role:Role", "node-role", {"assumeRolePolicy": _policy([
         {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
-    s.add("aws:iam/rolePolicy:RolePolicy", "node-policy", {"role": "node-1a2b", "policy": node_policy(name)},
-          deps={"role": [role], "policy": [bucket]})
+    s.add("aws:iam/rolePolicy:RolePolicy", "node-policy", {"role": "node-1a2b", "policy": _policy(
+        node_statements(name) + on_instance_statements())}, deps={"role": [role], "policy": [bucket]})
     s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-extra",  # a customer-managed policy: fine
           {"role": "node-1a2b", "policyArn": "arn:aws:iam::123456789012:policy/gpufleet-prod-extra"},
           deps={"role": [role]})
@@ -202,6 +230,19 @@ def _registry(s: Stack, key: dict, t: dict) -> None:
         "encryptionConfigurations": kms, "resourceTags": t}, deps={"encryptionConfigurations": [key]})
     s.add("aws:ecr/pullThroughCacheRule:PullThroughCacheRule", "cache-ecr-public", {
         "ecrRepositoryPrefix": "ecr-public", "upstreamRegistryUrl": "public.ecr.aws"})
+    role = s.add("aws:iam/role:Role", "ecr-templates", {"assumeRolePolicy": _policy([
+        {"Effect": "Allow", "Principal": {"Service": "ecr.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
+    s.add("aws:iam/rolePolicy:RolePolicy", "ecr-templates-policy", {"role": "ecr-templates-1a2b", "policy": _policy(
+        ecr_template_statements())}, deps={"role": [role], "policy": [key]})
+
+
+def ecr_template_statements(grant_condition: Optional[dict] = None) -> list[dict]:
+    """The ECR creation-template role's grants on the stack key (infra.aws.registry.template_role_policy)."""
+    condition = {"Bool": {"kms:GrantIsForAWSResource": "true"}} if grant_condition is None else grant_condition
+    grant = {"Sid": "GrantStackKeyToRepositories", "Effect": "Allow", "Action": "kms:CreateGrant", "Resource": KEY_ARN}
+    return [{**grant, "Condition": condition} if condition else grant,
+            {"Sid": "ReadStackKeyRetireGrants", "Effect": "Allow", "Action": ["kms:DescribeKey", "kms:RetireGrant"],
+             "Resource": KEY_ARN}]
 
 
 def _bucket_guards(s: Stack, bucket: dict, name: str, prefix: str) -> None:
@@ -304,7 +345,7 @@ def _slurm(s: Stack, c: dict[str, dict], classification: str, template: dict, co
         {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]), "tags": t})
     controller = s.add(CONTROLLER, "controller", {}, custom=False)
     s.add("aws:iam/rolePolicy:RolePolicy", "controller-policy", {
-        "role": "controller-1a2b", "policy": _policy(launch_statements(s.stack))},
+        "role": "controller-1a2b", "policy": _policy(launch_statements(s.stack) + on_instance_statements())},
         deps={"role": [role], "policy": [template, c["role"]]}, parent=controller)
     s.add("aws:ec2/instance:Instance", "controller-instance", {
         "ami": "ami-0a1b2c3d4e5f60718", "instanceType": controller_type, "iamInstanceProfile": "controller-1a2b",

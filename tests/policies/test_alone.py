@@ -204,6 +204,13 @@ ALONE = [
     Alone("aws-iam-attachment-no-admin-managed-policy", "prod", "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
           {"role": "r", "policyArn": "arn:aws:iam::aws:policy/AdministratorAccess"},
           one("aws-iam-attachment-no-admin-managed-policy")),
+    Alone("aws-iam-policy-kms-grant-for-aws-resource", "prod", ROLE_POLICY,
+          {"role": "r", "policy": _doc({"Effect": "Allow", "Action": "kms:CreateGrant", "Resource": KEY})},
+          one("aws-iam-policy-kms-grant-for-aws-resource")),
+    Alone("aws-iam-instance-role-credentials-stay-on-instance", "prod", "aws:iam/role:Role",   # no policy: no Deny
+          {"assumeRolePolicy": _doc({"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                     "Action": "sts:AssumeRole"}), "tags": tags("prod")},
+          one("aws-iam-instance-role-credentials-stay-on-instance")),
     # --- KMS, SQS, logs, alerts -------------------------------------------------------------------
     Alone("aws-kms-key-rotation", "prod", "aws:kms/key:Key", {"enableKeyRotation": False, "tags": tags("prod")},
           one("aws-kms-key-rotation")),
@@ -213,7 +220,9 @@ ALONE = [
     Alone("aws-cloudwatch-loggroup-retention", "prod", LOGS, {"kmsKeyId": KEY, "tags": tags("prod")},
           one("aws-cloudwatch-loggroup-retention")),
     Alone("aws-ec2-vpc-flow-logs", "phi", "aws:ec2/vpc:Vpc", {"cidrBlock": "10.42.0.0/16", "tags": tags("phi")},
-          one("aws-ec2-vpc-flow-logs")),
+          one("aws-ec2-vpc-flow-logs", "aws-ec2-vpc-dns-firewall")),
+    Alone("aws-ec2-vpc-dns-firewall", "prod", "aws:ec2/vpc:Vpc", {"cidrBlock": "10.42.0.0/16", "tags": tags("prod")},
+          one("aws-ec2-vpc-dns-firewall")),
     Alone("aws-sns-topic-alert-subscribers", "prod", "aws:sns/topic:Topic", {"kmsMasterKeyId": KEY, "tags": tags("prod")},
           one("aws-sns-topic-alert-subscribers")),
     # --- GPU --------------------------------------------------------------------------------------

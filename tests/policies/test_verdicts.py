@@ -78,7 +78,36 @@ def add(type_: str, name: str, values: dict, deps: Optional[dict[str, list[str]]
 
 
 def role_policy(statements: list[dict]) -> Callable[[f.Stack], None]:
-    return edit("node-policy", policy=json.dumps({"Version": "2012-10-17", "Statement": statements}))
+    """The node role's policy: `statements` and the Denies that keep its credentials on the instance."""
+    return edit("node-policy", policy=json.dumps({"Version": "2012-10-17",
+                                                  "Statement": statements + f.on_instance_statements()}))
+
+
+def without_deny(name: str, sid: str) -> Callable[[f.Stack], None]:
+    """Drop one of the credential Denies from role policy `name`."""
+    def change(s: f.Stack) -> None:
+        doc = json.loads(s.get(name)["inputs"]["policy"])
+        doc["Statement"] = [st for st in doc["Statement"] if st.get("Sid") != sid]
+        s.get(name)["inputs"]["policy"] = json.dumps(doc)
+    return change
+
+
+def deny_condition(name: str, sid: str, operator: str, value) -> Callable[[f.Stack], None]:
+    """Set (None: remove) one condition operator of a credential Deny of role policy `name`."""
+    def change(s: f.Stack) -> None:
+        doc = json.loads(s.get(name)["inputs"]["policy"])
+        (st,) = [st for st in doc["Statement"] if st.get("Sid") == sid]
+        if value is None:
+            st["Condition"].pop(operator)
+        else:
+            st["Condition"][operator] = value
+        s.get(name)["inputs"]["policy"] = json.dumps(doc)
+    return change
+
+
+def ecr_grants(condition) -> Callable[[f.Stack], None]:
+    return edit("ecr-templates-policy", policy=json.dumps({"Version": "2012-10-17",
+                                                           "Statement": f.ecr_template_statements(condition)}))
 
 
 def instance(**overrides) -> Callable[[f.Stack], None]:
@@ -143,8 +172,8 @@ def launch_statement(index: int, **values) -> Callable[[f.Stack], None]:
                 statements[index].pop(key, None)
             else:
                 statements[index][key] = value
-        s.get("controller-policy")["inputs"]["policy"] = json.dumps({"Version": "2012-10-17",
-                                                                     "Statement": statements})
+        s.get("controller-policy")["inputs"]["policy"] = json.dumps({
+            "Version": "2012-10-17", "Statement": statements + f.on_instance_statements()})
     return change
 
 
@@ -158,8 +187,8 @@ def launch_condition(index: int, operator: str, value, **others) -> Callable[[f.
         else:
             condition[operator] = value
         condition.update(others)
-        s.get("controller-policy")["inputs"]["policy"] = json.dumps({"Version": "2012-10-17",
-                                                                     "Statement": statements})
+        s.get("controller-policy")["inputs"]["policy"] = json.dumps({
+            "Version": "2012-10-17", "Statement": statements + f.on_instance_statements()})
     return change
 
 
@@ -346,7 +375,7 @@ CASES = [
     Case("iam-star", "prod", add("aws:iam/policy:Policy", "admin", {"policy": json.dumps({"Statement": [
         {"Effect": "Allow", "Action": "*", "Resource": "*"}]}), "tags": f.tags("personal", "prod")}),
         ("aws-iam-policy-no-wildcard-actions", "aws-iam-policy-no-unconditioned-wildcard-write",
-         "aws-iam-policy-bounded-launch"), on="admin"),
+         "aws-iam-policy-bounded-launch", "aws-iam-policy-kms-grant-for-aws-resource"), on="admin"),
     Case("iam-read-wildcard-ok", "prod", role_policy([{"Effect": "Allow", "Action": ["ec2:Describe*"],
                                                        "Resource": "*"}])),
     Case("iam-write-star-no-condition", "prod", role_policy([{"Effect": "Allow", "Action": "cloudwatch:PutMetricData",
@@ -360,6 +389,40 @@ CASES = [
     Case("iam-ssm-core-attachment", "prod", edit("node-extra",  # every SSM parameter of the account
                                                  policyArn="arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"),
          ("aws-iam-attachment-no-admin-managed-policy",), on="node-extra"),
+    # --- KMS grants -------------------------------------------------------------------------------
+    Case("kms-grant-unconditioned", "prod", ecr_grants({}), ("aws-iam-policy-kms-grant-for-aws-resource",),
+         on="ecr-templates-policy"),
+    Case("kms-grant-false", "prod", ecr_grants({"Bool": {"kms:GrantIsForAWSResource": "false"}}),
+         ("aws-iam-policy-kms-grant-for-aws-resource",), on="ecr-templates-policy"),
+    Case("kms-grant-bool-true", "prod", ecr_grants({"Bool": {"kms:GrantIsForAWSResource": True}})),
+    Case("kms-grant-pattern", "prod", role_policy([{"Effect": "Allow", "Action": "kms:*Grant", "Resource": f.KEY_ARN}]),
+         ("aws-iam-policy-kms-grant-for-aws-resource",), on="node-policy"),
+    Case("kms-star-in-managed-policy", "prod", add("aws:iam/policy:Policy", "key-admin", {"policy": json.dumps({
+        "Statement": [{"Effect": "Allow", "Action": "kms:*", "Resource": f.KEY_ARN}]}),
+        "tags": f.tags("personal", "prod")}),
+        ("aws-iam-policy-kms-grant-for-aws-resource", "aws-iam-policy-no-wildcard-actions"), on="key-admin"),
+    # --- instance credentials ---------------------------------------------------------------------
+    Case("credentials-no-vpc-deny", "prod", without_deny("node-policy", "CredentialsOnlyFromOwnVpc"),
+         ("aws-iam-instance-role-credentials-stay-on-instance",), on="node-role"),
+    Case("credentials-no-address-deny", "dev", without_deny("controller-policy", "CredentialsOnlyFromOwnAddress"),
+         ("aws-iam-instance-role-credentials-stay-on-instance",), on="controller-role"),
+    Case("credentials-deny-any-instance", "prod", deny_condition("node-policy", "CredentialsOnlyFromOwnVpc", "Null",
+                                                                 None),
+         ("aws-iam-instance-role-credentials-stay-on-instance",), on="node-role"),
+    Case("credentials-deny-fixed-vpc", "prod", deny_condition(
+        "node-policy", "CredentialsOnlyFromOwnVpc", "StringNotEquals", {"aws:ec2InstanceSourceVPC": "vpc-1"}),
+         ("aws-iam-instance-role-credentials-stay-on-instance",), on="node-role"),
+    Case("credentials-deny-in-attached-policy", "prod", both(
+        without_deny("node-policy", "CredentialsOnlyFromOwnVpc"),
+        without_deny("node-policy", "CredentialsOnlyFromOwnAddress"),
+        add("aws:iam/policy:Policy", "on-instance", {"policy": json.dumps({"Statement": f.on_instance_statements()}),
+                                                     "tags": f.tags("personal", "prod")}),
+        add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-on-instance", {
+            "role": "node-1a2b", "policyArn": "arn:aws:iam::123456789012:policy/on-instance"},
+            {"role": ["node-role"], "policyArn": ["on-instance"]}))),
+    Case("credentials-not-an-instance-role", "prod", edit("ecr-templates-policy", policy=json.dumps({
+        "Statement": f.ecr_template_statements()}))),
+    Case("credentials-policy-unknown", "prod", edit("node-policy", policy=f.UNKNOWN)),
     # --- KMS, SQS, logs ---------------------------------------------------------------------------
     Case("kms-no-rotation", "prod", edit("key", enableKeyRotation=False), ("aws-kms-key-rotation",), on="key"),
     Case("kms-asymmetric-no-rotation", "prod", edit("key", enableKeyRotation=False, customerMasterKeySpec="RSA_2048")),
@@ -373,6 +436,10 @@ CASES = [
     Case("flow-logs-missing", "phi", drop("flow"), ("aws-ec2-vpc-flow-logs",), on="vpc"),
     Case("flow-logs-reject-only", "phi", edit("flow", trafficType="REJECT"), ("aws-ec2-vpc-flow-logs",), on="flow"),
     Case("flow-logs-not-needed-internal", "dev", drop("flow")),
+    Case("dns-firewall-missing", "dev", drop("dns-association"), ("aws-ec2-vpc-dns-firewall",), on="vpc"),
+    Case("dns-firewall-other-vpc", "prod", depend("dns-association", "vpcId", "private-0"),
+         ("aws-ec2-vpc-dns-firewall",), on="vpc"),
+    Case("dns-firewall-existing-vpc", "prod", both(*map(drop, ("vpc", "dns-association")))),
     Case("topic-without-subscribers", "prod", drop("alerts-email"), ("aws-sns-topic-alert-subscribers",),
          on="alerts", level="advisory"),
     # --- VPC endpoints ----------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Policy documents of the AWS stack (pure): the node, the controller, the shared file system, the key."""
 import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
 
-from infra.aws import policies, registry
+from infra.aws import network, policies, registry
 from tests.infra.aws.harness import assert_least_privilege
 
 ACCOUNT = "123456789012"
@@ -54,7 +55,8 @@ def test_node_policy_is_least_privilege_and_scoped():
     doc = node_policy()
     assert_least_privilege(doc, "gpufleet/dev")
     resources = {r for st in doc["Statement"] for r in _list(st["Resource"])}
-    assert resources == {BUCKET, f"{BUCKET}/*", KEY, LOGS, f"{LOGS}:*", PARAMETERS, MUNGE, "*"}
+    assert resources == {BUCKET, f"{BUCKET}/*", f"{BUCKET}/jobs/*", f"{BUCKET}/jobs-index/*", KEY, LOGS,
+                         f"{LOGS}:*", PARAMETERS, MUNGE, "*"}
     assert PARAMETERS == "arn:aws:ssm:eu-west-1:123456789012:parameter/gpufleet/dev/*"
     # a node reads the munge key; it launches, tags, terminates nothing and never touches the queue
     assert [st["Resource"] for st in _statements_with(doc, "secretsmanager:GetSecretValue")] == [MUNGE]
@@ -308,3 +310,75 @@ def test_s3_endpoint_reads_ecr_layers_from_the_one_aws_owned_bucket_and_nothing_
     assert owned == {"Sid": "AwsOwnedReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
                      "Resource": ["arn:aws:s3:::prod-eu-west-1-starport-layer-bucket/*"],
                      "Condition": {"StringEquals": {"aws:PrincipalAccount": "123456789012"}}}
+
+
+def _allows(doc: dict, action: str, resource: str) -> bool:
+    """An Allow statement of ``doc`` names ``action`` on ``resource`` (IAM's * and ? wildcards)."""
+    def matches(patterns, value: str) -> bool:
+        return any(fnmatchcase(value, p) for p in _list(patterns))
+
+    return any(st["Effect"] == "Allow" and matches(st["Action"], action) and matches(st["Resource"], resource)
+               for st in doc["Statement"])
+
+
+def test_a_node_writes_only_under_the_job_prefixes_and_never_touches_code_bundles():
+    """Finding 5 of issue 23: a job could overwrite any object of the bucket, a content-addressed code bundle of
+    another job included."""
+    doc = node_policy()
+    bundle = f"{BUCKET}/code/0f3a9c.tar.gz"
+    assert _allows(doc, "s3:GetObject", bundle) and _allows(doc, "s3:GetObject", f"{BUCKET}/datasets/shard-0")
+    for action in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"):
+        assert not _allows(doc, action, bundle), action
+        assert not _allows(doc, action, f"{BUCKET}/datasets/shard-0"), action
+    for key in ("jobs/j1/record.json", "jobs/j1/step-100/manifest.json", "jobs/j1/logs/1/node-0/00000000.log",
+                "jobs-index/07.json"):
+        assert _allows(doc, "s3:PutObject", f"{BUCKET}/{key}"), key
+    assert _allows(doc, "s3:DeleteObject", f"{BUCKET}/jobs/j1/step-100/model.pt")
+    assert not _allows(doc, "s3:DeleteObject", f"{BUCKET}/jobs-index/07.json")
+
+
+def test_the_node_write_prefixes_are_where_the_trainer_writes():
+    """The keys a node writes (records, checkpoints, log chunks, the index) fall under NODE_WRITES; code bundles
+    (which a node only reads) do not."""
+    from trainer.jobs import bundle, logs, records
+    from trainer.slurm.task import default_checkpoint_uri
+
+    written = [records.record_key("j1"), records.index_key("j1"), logs.chunk_key("j1", 1, "gpu-1", 0),
+               default_checkpoint_uri("b", "j1").removeprefix("s3://b/") + "step-1/manifest.json"]
+    for key in written:
+        assert key.startswith(policies.NODE_WRITES), key
+    assert not f"{bundle.PREFIX}0f3a9c.tar.gz".startswith(policies.NODE_WRITES)
+
+
+def test_both_roles_deny_their_credentials_off_their_instance():
+    """AWS's data-perimeter Deny for EC2 role credentials: used from another VPC, another address, or not through
+    an endpoint of the instance's VPC, node and controller credentials are refused; an AWS service acting for
+    them is not held to it."""
+    rest = {"Null": {"ec2:SourceInstanceARN": "false"}, "BoolIfExists": {"aws:ViaAWSService": "false"}}
+    for doc in (node_policy(), controller_policy()):
+        denies = [st for st in doc["Statement"] if st["Effect"] == "Deny"]
+        assert [(st["Action"], st["Resource"], st["Condition"]) for st in denies] == [
+            ("*", "*", {"StringNotEquals": {"aws:ec2InstanceSourceVPC": "${aws:SourceVpc}"}, **rest}),
+            ("*", "*", {"StringNotEquals": {"aws:ec2InstanceSourcePrivateIPv4": "${aws:VpcSourceIp}"}, **rest})]
+
+
+# Services whose actions the roles hold only for calls an AWS service makes on their behalf (aws:ViaAWSService
+# is true, the Deny does not apply): KMS (S3, Secrets Manager and EC2 use the stack key), IAM (PassRole is checked
+# within RunInstances/CreateFleet; EC2 creates the spot service-linked role).
+VIA_SERVICES = {"kms", "iam"}
+# The endpoint that carries a service's API when its name differs from the action prefix.
+ENDPOINT_OF = {"cloudwatch": "monitoring", "ecr": "ecr.api"}
+
+
+def test_every_service_the_roles_call_has_an_endpoint_in_the_vpc():
+    """With the Deny, a call that does not go through an endpoint of the VPC fails: every service whose actions the
+    node (with its registry pulls) or the controller holds is reached through the S3 gateway or an interface
+    endpoint of the stack's VPC."""
+    statements = (node_policy()["Statement"] + controller_policy()["Statement"]
+                  + registry.pull_statements("eu-west-1", ACCOUNT, "gpufleet-dev", ["ecr-public"]))
+    services = {a.split(":")[0] for st in statements if st["Effect"] == "Allow" for a in _list(st["Action"])}
+    assert {"s3", "sqs", "ec2", "ssm", "ssmmessages", "secretsmanager", "logs", "cloudwatch", "ecr"} <= services
+    reached = {"s3", *network.INTERFACE_ENDPOINTS}
+    assert {ENDPOINT_OF.get(s, s) for s in services - VIA_SERVICES} <= reached
+    # image layers come through ecr.dkr, and the SSM agent keeps its channel through ec2messages
+    assert {"ecr.dkr", "ec2messages"} <= set(network.INTERFACE_ENDPOINTS)

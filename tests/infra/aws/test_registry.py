@@ -92,12 +92,16 @@ def test_a_cache_rule_and_a_creation_template_per_configured_upstream(built):
     assert trust["Principal"] == {"Service": "ecr.amazonaws.com"}
     assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": ACCOUNT}}
     (inline,) = [p for p in built.of_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == role.state["name"]]
-    create, grant = json.loads(inline.inputs["policy"])["Statement"]
+    create, grant, key = json.loads(inline.inputs["policy"])["Statement"]
     assert create["Action"] == ["ecr:CreateRepository", "ecr:TagResource"]
     assert create["Resource"] == [f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{r.prefix}/*"
                                   for r in built.cfg.pull_through]
-    assert grant["Action"] == ["kms:CreateGrant", "kms:RetireGrant", "kms:DescribeKey"]
-    assert grant["Resource"] == built.outputs["kmsKey"]
+    # ECR gets grants on the stack key only for the repositories it creates (an AWS resource), as AWS's guide
+    # for service grants has it; describing the key and retiring grants give nothing and stay unconditioned
+    assert (grant["Action"], grant["Resource"]) == ("kms:CreateGrant", built.outputs["kmsKey"])
+    assert grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": "true"}}
+    assert (key["Action"], key["Resource"]) == (["kms:DescribeKey", "kms:RetireGrant"], built.outputs["kmsKey"])
+    assert "Condition" not in key
 
 
 def test_nodes_reach_ecr_over_private_endpoints_and_layers_over_the_s3_gateway(built):

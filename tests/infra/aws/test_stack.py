@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra import slurm
-from infra.aws import efa, network
+from infra.aws import dns_firewall, efa, network
 from infra.aws import stack as aws_stack
 from infra.catalog import CATALOG
 from tests.infra.aws.harness import ACCOUNT, assert_least_privilege, build_stack, stack_config
@@ -215,6 +215,58 @@ def test_phi_flow_logs_keep_the_phi_retention(phi):
     assert _log_group(phi, "/gpufleet/dev/vpc-flow-logs").inputs["retentionInDays"] >= 365 * 6
 
 
+DNS = "aws:route53/resolver"
+
+
+def test_the_stacks_vpc_resolves_only_aws_and_its_own_names_and_logs_every_query(built):
+    """The DNS firewall: the region's AWS names and the VPC's own allowed first, every other name answered
+    NXDOMAIN, the rule group on the stack's VPC; every query into a log group encrypted with the stack key."""
+    region, vpc = built.cfg.region, built.outputs["vpcId"]
+    lists = {r.id: r.inputs["domains"] for r in built.of_type(f"{DNS}FirewallDomainList:ResolverFirewallDomainList")}
+    group = built.one(f"{DNS}FirewallRuleGroup:ResolverFirewallRuleGroup")
+    rules = sorted((r.inputs for r in built.of_type(f"{DNS}FirewallRule:ResolverFirewallRule")),
+                   key=lambda r: r["priority"])
+    assert all(r["firewallRuleGroupId"] == group.id for r in rules)
+    assert [(r["action"], lists[r["firewallDomainListId"]]) for r in rules] == [
+        ("ALLOW", dns_firewall.allowed_domains(region)), ("BLOCK", ["*"])]
+    assert rules[1]["blockResponse"] == "NXDOMAIN"
+    association = built.one(f"{DNS}FirewallRuleGroupAssociation:ResolverFirewallRuleGroupAssociation").inputs
+    assert (association["vpcId"], association["firewallRuleGroupId"]) == (vpc, group.id)
+    log_group = _log_group(built, f"/gpufleet/{built.cfg.stack}/dns-queries")
+    assert log_group.inputs["kmsKeyId"] == built.outputs["kmsKey"] and log_group.inputs["retentionInDays"]
+    query_log = built.one(f"{DNS}QueryLogConfig:ResolverQueryLogConfig")
+    assert query_log.inputs["destinationArn"] == log_group.state["arn"]
+    logged = built.one(f"{DNS}QueryLogConfigAssociation:ResolverQueryLogConfigAssociation").inputs
+    assert (logged["resolverQueryLogConfigId"], logged["resourceId"]) == (query_log.id, vpc)
+    assert built.outputs["dnsQueryLogGroup"] == log_group.inputs["name"]
+
+
+@pytest.mark.parametrize("region,allowed", [
+    ("eu-west-1", ["*.eu-west-1.amazonaws.com", "*.eu-west-1.compute.internal"]),
+    ("us-east-1", ["*.us-east-1.amazonaws.com", "*.ec2.internal"]),
+    ("cn-north-1", ["*.cn-north-1.amazonaws.com.cn", "*.cn-north-1.compute.internal"])])
+def test_allowed_domains_are_the_regions_aws_names_and_the_vpcs_own(region, allowed):
+    assert dns_firewall.allowed_domains(region) == allowed
+
+
+def test_every_name_a_node_resolves_is_allowed():
+    """The names the nodes look up (the endpoints' private DNS, bucket and registry hosts, the EFS mount, the
+    instances' own names) match an allowed domain; a name elsewhere does not."""
+    from fnmatch import fnmatchcase
+
+    from infra.aws import registry
+
+    region = "eu-west-1"
+    names = [f"{s}.{region}.amazonaws.com" for s in network.INTERFACE_ENDPOINTS]
+    names += [f"gpufleet-dev-data-abc.s3.{region}.amazonaws.com", f"prod-{region}-starport-layer-bucket.s3.{region}."
+              "amazonaws.com", registry.registry_host(ACCOUNT, region), f"fs-0123.efs.{region}.amazonaws.com",
+              f"ip-10-42-0-17.{region}.compute.internal"]
+    allowed = dns_firewall.allowed_domains(region)
+    assert all(any(fnmatchcase(n, d) for d in allowed) for n in names)
+    for outside in ("pypi.org", "s3.amazonaws.com", "attacker.example", f"x.{region}.amazonaws.com.attacker.example"):
+        assert not any(fnmatchcase(outside, d) for d in allowed), outside
+
+
 # --- storage ------------------------------------------------------------------------------------
 
 def _for_bucket(b, typ, bucket_name):
@@ -372,7 +424,8 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     repositories = {built.one(T["repo"]).state["arn"]} | {
         f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{rule.prefix}/*" for rule in built.cfg.pull_through}
     secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
-    assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", built.outputs["kmsKey"], secrets,
+    assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", bucket_arn + "/jobs/*",
+                                              bucket_arn + "/jobs-index/*", built.outputs["kmsKey"], secrets,
                                               log_arn, log_arn + ":*", built.outputs["mungeKeySecret"]} | repositories
     (sm,) = [st for st in doc["Statement"] if st.get("Sid") == "SessionManager"]
     assert sm["Condition"] == {"StringEquals": {"aws:ec2InstanceSourceVPC": built.outputs["vpcId"]}}
@@ -654,8 +707,8 @@ def test_every_taggable_resource_carries_the_tags(built):
 
 
 def test_each_resource_belongs_to_one_concern(built):
-    concerns = {"Network", "FlowLogs", "Storage", "Queue", "Identity", "Partition", "Controller", "SharedFs",
-                "Monitoring", "Registry"}
+    concerns = {"Network", "FlowLogs", "DnsFirewall", "Storage", "Queue", "Identity", "Partition", "Controller",
+                "SharedFs", "Monitoring", "Registry"}
     components = [r for r in built.resources if not r.custom]
     assert sorted(r.type for r in components) == sorted(f"gpufleet:aws:{c}" for c in concerns)
     for r in built.resources:
@@ -681,6 +734,8 @@ def test_existing_network_is_used_as_given():
         b = build_stack(stack_config(stack, {"gpufleet:network": existing}))
         types = {r.type for r in b.resources}
         assert not types & {"aws:ec2/vpc:Vpc", T["subnet"], T["endpoint"]}
+        # its DNS is its owner's: no firewall, no query log (infra.aws.dns_firewall)
+        assert not [t for t in types if t.startswith(DNS)] and b.outputs["dnsQueryLogGroup"] is None
         assert b.controller_file("/etc/gpufleet/nodes.json")["partitions"]["gpu"]["subnet_ids"] == subnets
         assert _node_sg(b).inputs["vpcId"] == existing["vpcId"]
         for who in ("nodes", "controller"):

@@ -96,8 +96,11 @@ def test_aws_spot_stack_idle_at_zero_nodes():
     assert (gpu["idle_usd"], gpu["full_usd"]) == (0.0, 1003.95)
     # idle is the controller and the fixed items only; full 297.48 + 1003.95
     assert est["monthly_usd"] == {"idle": 297.48, "full": 1301.43}
+    # the stack's own VPC has its DNS firewall: $0.60 per million queries, usage (its 3 domain names: $0.0015)
     assert est["usage"] == [{"item": "EFS Standard storage (shared file system)", "unit": "GB-month",
-                             "usd_each": 0.30}]
+                             "usd_each": 0.30},
+                            {"item": "DNS Firewall queries (the stack's VPC)", "unit": "million queries",
+                             "usd_each": 0.60}]
     assert (est["currency"], est["hours_per_month"]) == ("USD", 730)
     assert (est["price_date"], est["price_region"], est["region"]) == (catalog.PRICE_DATE, "us-east-1", "eu-west-1")
     # budget 3000: 1301.43 / 3000 = 43.38 %, headroom 1698.57

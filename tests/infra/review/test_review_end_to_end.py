@@ -106,9 +106,12 @@ def test_cost_model_counts_what_the_aws_stacks_create(stack, dev):
         (node_root,) = template["blockDeviceMappings"]
         assert (node_root["ebs"]["volumeSize"], node_root["ebs"]["volumeType"]) == (cost.AWS_ROOT_VOLUME_GIB, "gp3")
     _check_partitions(doc, _nodes_json(controller))
-    # the shared file system is EFS, priced per GB stored (usage)
+    # the shared file system is EFS, priced per GB stored (usage); the VPC's DNS firewall per million queries
+    # (usage), its domain names (under a cent a month) counted
     assert len(_inputs(doc, "aws:efs/fileSystem:FileSystem")) == 1
-    assert [u["item"].split(" (")[0] for u in doc["cost"]["usage"]] == ["EFS Standard storage"]
+    assert [u["item"].split(" (")[0] for u in doc["cost"]["usage"]] == ["EFS Standard storage", "DNS Firewall queries"]
+    domain_lists = _inputs(doc, "aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList")
+    assert sum(len(d["domains"]) for d in domain_lists) == cost.DNS_FIREWALL_DOMAINS
     # the CloudWatch alarms are left out of the sums, and said so
     assert _inputs(doc, "aws:cloudwatch/metricAlarm:MetricAlarm") and "CloudWatch alarms" in doc["cost"]["excluded"]
 
