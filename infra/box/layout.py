@@ -9,6 +9,7 @@ in ``/tmp/gpufleet-box-<digest of the directory>/`` (munge's socket, slurmd's sp
     slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, logs,
                        job output
     nodes/<name>/      each node's notice file (``gpufleet box notice``) and its jobs' files
+    bridge/env/        the env values of the jobs the bridge submitted (records show names only)
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ class Layout:
     @property
     def state_file(self) -> Path:
         return self.root / "state.json"
+
+    @property
+    def bridge_env(self) -> Path:
+        return self.root / "bridge" / "env"
 
     @property
     def slurm(self) -> Path:

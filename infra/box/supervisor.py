@@ -139,7 +139,8 @@ class Supervisor:
         self.procs["bridge"] = self._spawn("bridge", [
             self.python, "-m", "trainer", "controller", "--queue-url", self.account.queue_url,
             "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
-            "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace])
+            "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace,
+            "--env-dir", str(L.bridge_env)])
 
     def start_heal(self) -> None:
         """The healer of DOWN nodes (as Slurm's administrator: this box's SlurmUser is the user running it)."""

@@ -1,6 +1,6 @@
 """Job records: one JSON document per job at ``<store>/jobs/<job_id>/record.json``, beside its checkpoints.
 
-A record: ``{"job_id", "kind", "spec" (the job's message), "state", "reason", "cancel_requested", "submitted",
+A record: ``{"job_id", "kind", "spec" (the job's message, env values hidden), "state", "reason", "cancel_requested", "submitted",
 "updated", "rev", "attempts": [{"n", "nodes", "instance_type", "gpus", "start", "end", "exit_status",
 "reason"}], "progress": {"step", "total", "loss", "samples_per_s", "gpu_util", "at"}}``; times are Unix seconds.
 
@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from trainer.errors import UsageError
+from trainer.jobs.spec import hidden_values
 from trainer.loop.storage import Conflict, Store, open_store
 
 log = logging.getLogger("gpufleet.records")
@@ -85,8 +86,10 @@ def _move(rec: dict, dst: str, now: float, reason: str | None = None) -> dict:
 
 
 def new_record(spec: dict, now: float) -> dict:
-    """The queued record of a job (``spec``: its message, Job.to_dict())."""
-    return {"job_id": spec["job_id"], "kind": spec.get("kind", "trainer"), "spec": spec, "state": "queued",
+    """The queued record of a job (``spec``: its message, Job.to_dict(); the record shows env names, never their
+    values: trainer.jobs.spec.hidden_values)."""
+    return {"job_id": spec["job_id"], "kind": spec.get("kind", "trainer"), "spec": hidden_values(spec),
+            "state": "queued",
             "reason": None, "cancel_requested": False, "submitted": now, "updated": now, "rev": 0,
             "attempts": [], "progress": None}
 

@@ -93,6 +93,21 @@ class Job:
         return json.dumps(self.to_dict())
 
 
+# An env value a record does not show: records keep a job's env names, and only the bridge keeps their values.
+HIDDEN = {"hidden": True}
+
+
+def hidden_values(spec: dict) -> dict:
+    """The spec as a record keeps it: each inline env value replaced by HIDDEN (a value may be a secret under a
+    name the denylist does not know: DB_PASS, OPENAI_KEY, DATABASE_URL); SSM and Key Vault names stay."""
+    env = spec.get("env") or {}
+    return {**spec, "env": {k: HIDDEN if isinstance(v, str) else v for k, v in env.items()}} if env else spec
+
+
+def hidden_names(job: "Job") -> list[str]:
+    return sorted(k for k, v in job.env.items() if v == HIDDEN)
+
+
 FAILURES = ("failed", "timeout")  # the outcomes that count against retries.on_error
 
 

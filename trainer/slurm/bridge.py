@@ -13,6 +13,8 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
 - a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
 - jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch");
 - an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job;
+- a record shows its job's env names, never their values: the bridge keeps the values of the jobs it submits on
+  the controller (trainer.slurm.envkeep) and fills them in when the job comes again without them (a retry);
 - once a minute, the jobs' gauges the stack's alarms and dashboard read (:func:`job_gauges`: pending, running,
   pending for over an hour) as EMF records in the file GPUFLEET_EMF_LOG names ("-": standard output, where the
   controller's unit appends it to /var/log/gpufleet/controller-metrics.log for the CloudWatch agent).
@@ -36,10 +38,11 @@ from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import records as rc
 from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.records import RecordStore, UnknownJob
-from trainer.jobs.spec import JOB_ID, Job, parse_job, retry_decision, validate
+from trainer.jobs.spec import JOB_ID, Job, hidden_names, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.slurm import batch, client
 from trainer.slurm.client import SlurmError, SlurmJob
+from trainer.slurm.envkeep import DEFAULT_DIR, EnvKeep
 from trainer.slurm.states import lifecycle
 
 log = logging.getLogger("gpufleet.bridge")
@@ -94,8 +97,10 @@ def job_gauges(jobs: list[SlurmJob], now: float) -> dict[str, float]:
 
 class Bridge:
     def __init__(self, queue: JobQueue, recs: RecordStore, site: batch.Site, slurm=client,
-                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S, emitter=None):
+                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S, emitter=None,
+                 env_keep: EnvKeep | None = None):
         self.queue, self.records, self.site, self.slurm = queue, recs, site, slurm
+        self.env_keep = env_keep              # the jobs' env values (records show names only), or None
         self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
         self.emitter = emitter                # the gauges' EMF emitter (trainer.node.emf.Emitter), or None
         self.gathering: dict[str, _Gathering] = {}
@@ -138,7 +143,7 @@ class Bridge:
 
     def take(self, msg: Message) -> None:
         try:
-            job = parse_job(msg.body)
+            job = self.with_values(parse_job(msg.body))
         except UsageError as exc:
             self.refuse(msg, exc)
             return
@@ -177,6 +182,16 @@ class Bridge:
                 pass
         self.queue.dead_letter(msg, f"invalid job: {exc}")
 
+    def with_values(self, job: Job) -> Job:
+        """The job with the env values its message (`jobs retry`'s, or the record's spec) names only, as kept when
+        it last ran (:meth:`submit` keeps them); UsageError (one line) when they were not."""
+        if self.env_keep is None:
+            if hidden_names(job):
+                raise UsageError(f"job {job.job_id}: env {', '.join(hidden_names(job))}: no values are kept by this "
+                                 "bridge; submit the job again with its --env and --again")
+            return job
+        return self.env_keep.fill(job)
+
     def _record(self, job: Job) -> dict:
         now = self.clock()
         return self.records.update(job.job_id, lambda r: r, missing=lambda: rc.new_record(job.to_dict(), now))
@@ -207,6 +222,9 @@ class Bridge:
         recs = [self.records.get(j.job_id) for j in jobs]
         first = [len(r["attempts"]) + 1 for r in recs]
         slurm_id = self.find(key)
+        if self.env_keep is not None:
+            for job in jobs:  # for a retry, which comes with the names only
+                self.env_keep.keep(job)
         if slurm_id is None:
             slurm_id = self.slurm.sbatch(batch.render(jobs, self.site, key, first))
             log.info("submitted %s as Slurm job %s (key %s)", ", ".join(j.job_id for j in jobs), slurm_id, key)
@@ -393,8 +411,14 @@ class Bridge:
         if not retry:
             log.error("job %s: %s with exit status %s; failed (%s)", job_id, reason, status, why)
             return
+        try:
+            job = self.with_values(validate({k: v for k, v in spec.items() if k != "array"}))
+        except UsageError as exc:
+            log.error("job %s: not submitted again: %s", job_id, exc)
+            self.records.update(job_id, lambda r: {**r, "state": "failed", "reason": f"invalid: {exc}",
+                                                   "updated": self.clock()} if r["state"] == "queued" else r)
+            return
         log.warning("job %s: %s with exit status %s; submitted again (%s)", job_id, reason, status, why)
-        job = validate({k: v for k, v in spec.items() if k != "array"})
         self.submit([(None, job)], f"{job_id}.retry.{len(rec['attempts'])}", resubmit=True)
 
 
@@ -408,6 +432,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--instance-type", help="the partition's instance type (for GPU-hours and cost)")
     p.add_argument("--output-dir", default="/var/log/gpufleet/jobs", help="where Slurm writes job output on nodes")
     p.add_argument("--python", default=sys.executable, help="the nodes' Python with the trainer")
+    p.add_argument("--env-dir", default=os.path.join(os.environ["STATE_DIRECTORY"], "env")
+                   if os.environ.get("STATE_DIRECTORY") else DEFAULT_DIR,
+                   help="where the jobs' env values are kept, the bridge's own (default: $STATE_DIRECTORY/env, "
+                        f"else {DEFAULT_DIR})")
     add_gauge_flags(p)
     return p
 
@@ -463,7 +491,8 @@ def main(argv: list[str]) -> int:
         raise UsageError("controller: --queue-url and --bucket are required (or GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
     site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type)
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
-    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site, emitter=emitter)
+    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site, emitter=emitter,
+                    env_keep=EnvKeep(args.env_dir))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -24,7 +24,7 @@ from pathlib import Path
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.records import RecordStore
-from trainer.jobs.spec import Job, validate
+from trainer.jobs.spec import Job, hidden_names, validate
 from trainer.node import node_schema
 from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, docker_argv, job_environment, loggable, node_facts, stop_grace)
@@ -161,6 +161,8 @@ class Task:
         control = self.dir / "control"
         control.mkdir(parents=True, exist_ok=True)
         (control / STOP_FILE).unlink(missing_ok=True)
+        if hidden_names(job):  # the bridge fills them in before sbatch
+            raise UsageError(f"task: env {', '.join(hidden_names(job))}: the values did not come with the job")
         values = {k: v for k, v in job.env.items() if isinstance(v, str)}
         secrets = {k: platform.secret(*next(iter(v.items()))) for k, v in job.env.items() if not isinstance(v, str)}
         rdzv = self.rdzv()
