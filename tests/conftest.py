@@ -6,6 +6,7 @@ leaves and recorded; the session fails if anything was recorded.
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import signal
@@ -26,6 +27,11 @@ os.environ["GPUFLEET_LOOPBACK_LOG"] = str(LOOPBACK_LOG)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(GUARD_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
 _spec = importlib.util.spec_from_file_location("_loopback_guard", GUARD_DIR / "sitecustomize.py")
 _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+# A child forked from this process (a DataLoader worker) neither runs gRPC's fork handlers nor collects what it
+# inherited: gRPC objects the Pulumi tests left behind aborted a worker ("Fatal Python error: Aborted" while
+# garbage-collecting, seen in CI). Production processes that fork workers never load gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.register_at_fork(after_in_child=gc.freeze)
 
 
 def pytest_sessionfinish(session, exitstatus):
