@@ -7,6 +7,7 @@ The tests run in file order on one box with two CLOUD nodes; the ones that take 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -39,13 +40,32 @@ def steps_of(metrics: Path) -> list[tuple[int, int]]:
     return [(r["attempt"], r["step"]) for r in map(json.loads, metrics.read_text().splitlines())]
 
 
+@contextlib.contextmanager
+def taken_port():
+    """A port held here whose next three (the rest of a box's four) are free: only the first is reported taken."""
+    def free(port: int) -> bool:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port < 65532 and all(free(port + i) for i in (1, 2, 3)):
+                yield port
+                return
+    raise AssertionError("no port with three free ones after it")
+
+
 def test_a_second_box_and_a_taken_port_are_one_line_each(box, tmp_path):
     again = gpufleet("box", "up", "--dir", str(box.dir))
     assert again.returncode == 2 and again.stderr.count("\n") == 1
     assert again.stderr.startswith(f"error: box: a box is already running in {box.dir} (pid {box.state['pid']})")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with taken_port() as port:
         taken = gpufleet("box", "up", "--dir", str(tmp_path / "other"), "--port", str(port))
     assert taken.returncode == 2 and taken.stderr.count("\n") == 1
     assert taken.stderr.startswith(f"error: --port: {port} taken on 127.0.0.1")
