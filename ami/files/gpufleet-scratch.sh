@@ -56,7 +56,10 @@ fi
 
 run mkdir -p "$MOUNT"
 [ -n "$device" ] && run mount -o noatime "$device" "$MOUNT"
-run mkdir -p "$MOUNT/data-cache" "$MOUNT/tmp" "$CACHE"
+run mkdir -p "$MOUNT/data-cache" "$MOUNT/tmp" "$MOUNT/jobs" "$CACHE"
 run chmod 1777 "$MOUNT/tmp"
+# Each job attempt makes its own 0700 directory here (trainer.node.runner.job_scratch): writable and sticky but
+# not listable, so no job lists, enters or removes another's.
+run chmod 1733 "$MOUNT/jobs"
 run chown gpufleet:gpufleet "$MOUNT/data-cache"
 run mount --bind "$MOUNT/data-cache" "$CACHE"

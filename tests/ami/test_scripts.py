@@ -158,7 +158,8 @@ def test_scratch_skips_used_disks_and_works_without_any():
     used = [store("nvme1n1", mountpoint="/data"), store("nvme2n1", children=[{"name": "nvme2n1p1"}])]
     plan = scratch_plan(lsblk(ROOT_EBS, *used))
     assert not any(line.startswith(("mdadm", "mkfs", "mount -o")) for line in plan)
-    assert "mkdir -p /mnt/scratch/data-cache /mnt/scratch/tmp /var/cache/gpufleet/data" in plan
+    assert "mkdir -p /mnt/scratch/data-cache /mnt/scratch/tmp /mnt/scratch/jobs /var/cache/gpufleet/data" in plan
+    assert "chmod 1733 /mnt/scratch/jobs" in plan  # each job's scratch: its own, unlisted by the others
 
 
 def test_docker_run_passes_gpus_memlock_and_nccl_settings(tmp_path):

@@ -157,6 +157,7 @@ def host_python_flags(extra_env: dict[str, str] | None = None) -> tuple[str, ...
     guard_log = os.environ.get("GPUFLEET_LOOPBACK_LOG")  # set under pytest; the benchmarks run without the guard
     if guard_log:
         log_dir = Path(guard_log).parent
+        log_dir.chmod(0o1777)  # containers run as nobody when the tests run as root
         flags += ["--volume", f"{GUARD_DIR}:/guard:ro", "--volume", f"{log_dir}:{log_dir}",
                   "--env", f"GPUFLEET_LOOPBACK_LOG={guard_log}"]
     flags += ["--env", f"PYTHONPATH={'/guard:' if guard_log else ''}/opt/gpufleet"]

@@ -2,18 +2,22 @@
 real instance types (GPU flags, EFA and InfiniBand devices) and the stop grace."""
 from __future__ import annotations
 
+import os
+import stat
+
+import pytest
 
 from infra import catalog
 from infra.aws import efa
-from trainer.node.runner import (DEFAULT_GRACE_S, NodeFacts, Running, code_environment, docker_argv,
-                                 job_environment, loggable, node_facts, stop_grace)
+from trainer.node.runner import (DEFAULT_GRACE_S, NOBODY, NodeFacts, Running, code_environment, container_user,
+                                 docker_argv, job_environment, job_scratch, loggable, node_facts, stop_grace)
 
 COMMON = ["docker", "run", "--rm", "--name", "gpufleet-j1-1-abc", "--label", "gpufleet.job", "--init",
-          "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
+          "--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
           "--stop-signal", "SIGTERM", "--stop-timeout", "100"]
-TAIL = ["--volume", "/mnt/scratch:/mnt/scratch", "--volume", "/w/jobs/j1/control:/gpufleet",
+TAIL = ["--volume", "/mnt/scratch/jobs/scratch-1-x:/mnt/scratch", "--volume", "/w/jobs/j1/control:/gpufleet",
         "--env-file", "/etc/gpufleet/container.env", "--env", "GPUFLEET_JOB_ID=j1", "--env", "HF_TOKEN",
-        "reg/train:1", "torchrun", "train.py"]
+        "--env", "HOME=/mnt/scratch", "--env", "TMPDIR=/mnt/scratch", "reg/train:1", "torchrun", "train.py"]
 
 
 def node_json(cloud: str, *types: str) -> dict:
@@ -27,7 +31,7 @@ def node_json(cloud: str, *types: str) -> dict:
 def argv_for(facts: NodeFacts, gpus=None) -> list[str]:
     return docker_argv("gpufleet-j1-1-abc", "reg/train:1", ["torchrun", "train.py"],
                        {"GPUFLEET_JOB_ID": "j1", "HF_TOKEN": "s3cr3t"}, facts, gpus, "/w/jobs/j1/control", 100,
-                       secret_names=("HF_TOKEN",))
+                       "1000:1000", "/mnt/scratch/jobs/scratch-1-x", secret_names=("HF_TOKEN",))
 
 
 def middle(argv: list[str]) -> list[str]:
@@ -63,10 +67,11 @@ def test_nd96asr_v4_gets_infiniband():
 
 
 def test_no_gpu_flags_without_gpus_and_test_extras_before_the_image():
-    argv = docker_argv("n", "img:1", ["python"], {}, NodeFacts(None, 0), None, "/c", 5, scratch=False,
-                       container_env_file=False, extra=("--volume", "/x:/x:ro"))
+    argv = docker_argv("n", "img:1", ["python"], {"HOME": "/home/me"}, NodeFacts(None, 0), None, "/c", 5, "7:7",
+                       "/s", container_env_file=False, extra=("--volume", "/x:/x:ro"))
     assert "--gpus" not in argv and "--runtime" not in argv
     assert argv[-4:] == ["--volume", "/x:/x:ro", "img:1", "python"]
+    assert "HOME=/home/me" in argv and "HOME=/mnt/scratch" not in argv  # the job's own HOME wins
     assert "s3cr3t" not in " ".join(argv_for(NodeFacts("aws", 1)))  # a secret is passed by name only
 
 
@@ -89,7 +94,7 @@ def test_stop_grace_fits_the_notice():
 def test_the_logged_docker_argv_names_each_variable_without_its_value():
     """Finding 9 of the isolation review: DB_PASS escapes the secret-name denylist and its value reached the log."""
     argv = docker_argv("n", "img:1", ["python", "--env", "X=1"], {"DB_PASS": "hunter2", "OPENAI_KEY": "sk-1"},
-                       node_facts({}, None, 0), None, "/c", 100)
+                       node_facts({}, None, 0), None, "/c", 100, "1000:1000", "/s")
     shown = loggable(argv, ["python", "--env", "X=1"])
     assert "--env" in shown and "DB_PASS" in shown and "OPENAI_KEY" in shown
     assert not [a for a in shown if "hunter2" in a or "sk-1" in a]
@@ -111,3 +116,17 @@ def test_the_stop_file_is_never_written_through_a_link_the_job_planted(tmp_path)
     linked.symlink_to(victim.parent, target_is_directory=True)
     Running(None, linked / "stop").signal_stop()  # logged; the job still gets its SIGTERM
     assert not (victim.parent / "stop").exists()
+
+
+def test_a_container_never_runs_as_root(tmp_path):
+    """Jobs never run as root (issue 23): a task run by root (a box, a test) runs its containers as nobody."""
+    assert container_user(0, 0) == NOBODY == (65534, 65534)
+    assert container_user(1001, 1001) == (1001, 1001)
+    for user in ("0:0", "root", "0"):
+        with pytest.raises(ValueError):
+            docker_argv("n", "img:1", ["python"], {}, NodeFacts(None, 0), None, "/c", 5, user, "/s")
+    made = job_scratch(tmp_path, 2, (os.getuid(), os.getgid()))
+    assert made.parent == tmp_path and made.name.startswith("scratch-2-")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    other = job_scratch(tmp_path, 2, (os.getuid(), os.getgid()))
+    assert other != made  # one per attempt and node, never shared

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,17 +74,43 @@ def job_environment(job_id: str, attempt: int, checkpoint_uri: str, nnodes: int,
             "GPUFLEET_STOP_FILE": stop_file}
 
 
+NOBODY = (65534, 65534)  # nobody:nogroup
+
+
+def container_user(uid: int, gid: int) -> tuple[int, int]:
+    """Who a container job runs as: the task's own user (Slurm runs the task as the job's user), or nobody where
+    the task runs as root (a box or a test run by root): never root."""
+    return NOBODY if uid == 0 else (uid, gid)
+
+
+def job_scratch(root: Path, attempt: int, owner: tuple[int, int]) -> Path:
+    """A new scratch directory of the attempt's own in ``root`` (mode 0700, owned by ``owner``; the caller removes
+    it when the attempt ends). On a node ``root`` is /mnt/scratch/jobs (root's, mode 1733: every job makes its own
+    there and none can list or remove another's)."""
+    path = Path(tempfile.mkdtemp(prefix=f"scratch-{attempt}-", dir=root))
+    if (os.getuid(), os.getgid()) != owner:
+        os.chown(path, *owner, follow_symlinks=False)
+    return path
+
+
 def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], facts: NodeFacts,
-                gpus: int | None, control_dir: str, grace_s: int, secret_names: tuple[str, ...] = (),
-                scratch: bool = True, container_env_file: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
-    """`docker run` of a container job: the job's GPUs, every EFA/InfiniBand device, host network (the instance
-    role's credentials through IMDSv2 keep their hop limit of 1) and IPC, memlock unlimited, /mnt/scratch, the
-    node's NCCL settings, the job's environment and its control directory. GPU flags only on a node with GPUs.
+                gpus: int | None, control_dir: str, grace_s: int, user: str, scratch_dir: str,
+                secret_names: tuple[str, ...] = (), container_env_file: bool = True,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """`docker run` of a container job: as ``user`` ("UID:GID", never root), with every capability dropped (but
+    IPC_LOCK where InfiniBand wants it), no new privileges and Docker's default seccomp profile; the job's GPUs,
+    every EFA/InfiniBand device, host network (the instance role's credentials through IMDSv2 keep their hop limit
+    of 1) and IPC, memlock unlimited, the job's own scratch directory at /mnt/scratch (also its HOME and TMPDIR
+    unless its env names them), the node's NCCL settings, the job's environment and its control directory. GPU
+    flags only on a node with GPUs.
 
     ``secret_names`` are passed by name only (docker reads their values from its own environment), so no secret
     shows in the argv. ``extra`` is for tests (mounts of the host's Python); production passes none.
     """
+    if user.split(":")[0] in ("0", "root"):
+        raise ValueError("docker_argv: a job's container never runs as root")
     argv = ["docker", "run", "--rm", "--name", name, "--label", "gpufleet.job", "--init",
+            "--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
             "--stop-signal", "SIGTERM", "--stop-timeout", str(grace_s)]
     want = facts.gpus if gpus is None else min(gpus, facts.gpus)
@@ -94,11 +121,10 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
         argv += ["--device", f"/dev/infiniband/uverbs{i}"]
     if facts.infiniband:
         argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
-    if scratch:
-        argv += ["--volume", f"{SCRATCH}:{SCRATCH}"]
-    argv += ["--volume", f"{control_dir}:{CONTROL_DIR}"]
+    argv += ["--volume", f"{scratch_dir}:{SCRATCH}", "--volume", f"{control_dir}:{CONTROL_DIR}"]
     if container_env_file:
         argv += ["--env-file", CONTAINER_ENV_FILE]
+    env = {"HOME": SCRATCH, "TMPDIR": SCRATCH, **env}
     for key in sorted(env):
         argv += ["--env", key if key in secret_names else f"{key}={env[key]}"]
     return [*argv, *extra, image, *command]

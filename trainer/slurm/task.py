@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import uuid
@@ -26,8 +27,9 @@ from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, hidden_names, validate
 from trainer.node import node_schema
-from trainer.node.runner import (CONTROL_DIR, STOP_FILE, ContainerRun, ProcessGroupRun, Running, TrainerRun,
-                                 code_environment, docker_argv, job_environment, loggable, node_facts, stop_grace)
+from trainer.node.runner import (CONTROL_DIR, SCRATCH, STOP_FILE, ContainerRun, ProcessGroupRun, Running,
+                                 TrainerRun, code_environment, container_user, docker_argv, job_environment,
+                                 job_scratch, loggable, node_facts, stop_grace)
 from trainer.slurm import batch, client
 
 log = logging.getLogger("gpufleet.task")
@@ -135,6 +137,7 @@ class Task:
         self.emf_log, self.emf_interval_s = emf_log, emf_interval_s
         self.uri = default_checkpoint_uri(bucket, job.job_id)
         self.run: Running | None = None
+        self.scratch: Path | None = None  # the attempt's own scratch directory (image and code jobs), removed after
         self.stop_asked = False
 
     @property
@@ -191,13 +194,18 @@ class Task:
         inside = CONTROL_DIR if job.kind == "image" else str(control)
         env = job_environment(job.job_id, self.attempt, self.uri, slurm["nnodes"], slurm["node_rank"], max(1, gpus),
                               rdzv, f"{inside}/{STOP_FILE}", values)
+        user = container_user(os.getuid(), os.getgid()) if job.kind == "image" else (os.getuid(), os.getgid())
+        shared = Path(SCRATCH) / "jobs"
+        self.scratch = job_scratch(shared if shared.is_dir() else self.dir, self.attempt, user)
+        env["GPUFLEET_SCRATCH"] = SCRATCH if job.kind == "image" else str(self.scratch)
         if job.kind == "image":
+            if user != (os.getuid(), os.getgid()):  # the job writes its control directory (the task never follows
+                os.chown(control, *user, follow_symlinks=False)  # a link in it: Running.signal_stop)
             facts = node_facts(self.node, None, self.gpus)
             name = f"gpufleet-{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"
             argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
-                               stop_grace(self.node.get("cloud")), tuple(secrets),
-                               scratch=Path("/mnt/scratch").is_dir(),
-                               container_env_file=Path("/etc/gpufleet/container.env").exists(),
+                               stop_grace(self.node.get("cloud")), "{}:{}".format(*user), str(self.scratch),
+                               tuple(secrets), container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
             docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(loggable(argv, list(job.command))))
@@ -207,7 +215,8 @@ class Task:
         archive = bundle.fetch(job.code, self.dir.parent.parent / "bundles")
         code = bundle.unpack(archive, self.dir / "code")
         log.info("running %s in %s", " ".join(job.command), code)
-        run_env = code_environment(dict(os.environ), {**env, **secrets}, os.path.dirname(sys.executable))
+        run_env = code_environment(dict(os.environ), {"TMPDIR": str(self.scratch), **env, **secrets},
+                                   os.path.dirname(sys.executable))
         return ProcessGroupRun(spawn(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
 
     def __call__(self) -> int:
@@ -252,6 +261,8 @@ class Task:
                 w.close()
             if output:
                 output.close()
+            if self.scratch is not None:  # removed without following a link the job left in it
+                shutil.rmtree(self.scratch, ignore_errors=True)
         if run.stop_requested and rc != EXIT_OK:
             log.warning("job %s: stopped (exit %d): requeued from its newest checkpoint", self.job.job_id, rc)
             if emitter and tail:

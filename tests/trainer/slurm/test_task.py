@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 import boto3
 import pytest
@@ -113,6 +114,7 @@ def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secret
     boto3.client("ssm").put_parameter(Name="/gpufleet/dev/hf", Value="s3cr3t", Type="SecureString")
     dump = tmp_path / "env.json"
     main = ("import json, os, sys\n"
+            "open(os.path.join(os.environ['GPUFLEET_SCRATCH'], 'left-behind'), 'w').write('x')\n"
             f"json.dump({{'env': dict(os.environ), 'cwd': os.getcwd()}}, open({str(dump)!r}, 'w'))\n")
     job = code_job(tmp_path, "env-1", main, env={"MODE": "fast", "HF_TOKEN": {"ssm": "/gpufleet/dev/hf"}})
     node = {"region": "eu-west-1", "stack": "dev"}
@@ -120,6 +122,9 @@ def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secret
     seen = json.loads(dump.read_text())
     ours = {k: v for k, v in seen["env"].items()
             if k.startswith("GPUFLEET_") and "LOOPBACK" not in k}  # not the loopback guard's
+    scratch = Path(ours.pop("GPUFLEET_SCRATCH"))  # the attempt's own, also its TMPDIR; removed when it ended
+    assert scratch.parent == job_dir(tmp_path, "env-1") and seen["env"]["TMPDIR"] == str(scratch)
+    assert scratch.name.startswith("scratch-2-") and not scratch.exists()
     assert ours == {
         "GPUFLEET_JOB_ID": "env-1", "GPUFLEET_ATTEMPT": "2", "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/jobs/env-1/",
         "GPUFLEET_NNODES": "1", "GPUFLEET_NODE_RANK": "0", "GPUFLEET_NPROC_PER_NODE": "1",
@@ -235,7 +240,8 @@ def test_a_stopped_container_checkpoints_exits_75_and_the_next_attempt_resumes_w
     """The example (examples/train.py in the image examples/Dockerfile builds) stopped as Slurm stops a job it
     requeues after a notice: SIGTERM through `docker stop` and the stop file; the requeued attempt resumes."""
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)  # the container runs as nobody when the tests run as root
     extra = host_python_flags() + ("--volume", f"{out}:/out")
     job = Job("ex-1", "image", image=EXAMPLE_IMAGE, command=("python", "/app/train.py", "--steps", str(STEPS),
                                                              "--step-sleep", "0.2", "--metrics", "/out/m.jsonl"))
@@ -258,7 +264,8 @@ def test_a_stopped_container_checkpoints_exits_75_and_the_next_attempt_resumes_w
 @pytest.mark.slow
 def test_a_container_that_ignores_the_stop_is_killed_after_its_grace(docker, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)  # the container runs as nobody when the tests run as root
     monkeypatch.setattr(task_module, "stop_grace", lambda cloud: 2)
     job = Job("stubborn", "image", image=EXAMPLE_IMAGE, command=(
         "python", "-c", "import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -270,6 +277,46 @@ def test_a_container_that_ignores_the_stop_is_killed_after_its_grace(docker, tmp
     thread.join(timeout=120)
     assert result == [EXIT_PREEMPTED]  # stopped: Slurm requeues or ends it as its stop meant
     assert docker.docker("ps", "-aq").stdout.strip() == ""  # killed and removed
+
+
+HOSTILE = """
+import json, os, pathlib
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+def can(act):
+    try:
+        act()
+        return True
+    except OSError:
+        return False
+seen = {"user": [os.getuid(), os.getgid()], "groups": os.getgroups(),
+        **{k: status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")},
+        "env": [os.environ[k] for k in ("HOME", "TMPDIR", "GPUFLEET_SCRATCH")],
+        "write_etc": can(lambda: open("/etc/owned", "w")), "chown": can(lambda: os.chown("/mnt/scratch", 0, 0)),
+        "mknod": can(lambda: os.mknod("/mnt/scratch/mem", 0o20600, os.makedev(1, 1))),
+        "setuid_root": can(lambda: os.setuid(0))}
+pathlib.Path("/mnt/scratch/left-behind").write_text("x")
+os.symlink("/etc/passwd", "/mnt/scratch/link")
+pathlib.Path("/gpufleet/seen.json").write_text(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow
+def test_a_hostile_container_runs_unprivileged_in_a_scratch_of_its_own_that_is_removed_after(docker, tmp_path):
+    """Issue 23: jobs never run as root or with capabilities. A job script tries what a hostile one would; the
+    container runs as the task's user (nobody where the task is root), with no capability, no new privileges
+    and Docker's default seccomp profile, in a scratch directory of its own (HOME, TMPDIR) removed when it ends
+    (through no link it left there)."""
+    job = Job("hostile", "image", image=EXAMPLE_IMAGE, command=("python", "-c", HOSTILE))
+    assert make_task(job, tmp_path, container_extra=host_python_flags())() == 0
+    seen = json.loads((job_dir(tmp_path, "hostile") / "control" / "seen.json").read_text())
+    want = list(task_module.container_user(os.getuid(), os.getgid()))
+    assert seen["user"] == want and want[0] != 0 and 0 not in seen["groups"]
+    assert (seen["CapEff"], seen["CapPrm"], seen["CapBnd"]) == ("0" * 16,) * 3
+    assert (seen["NoNewPrivs"], seen["Seccomp"]) == ("1", "2")  # 2: a seccomp filter (Docker's default profile)
+    assert seen["env"] == ["/mnt/scratch"] * 3
+    assert not (seen["write_etc"] or seen["chown"] or seen["mknod"] or seen["setuid_root"]), seen
+    assert list(job_dir(tmp_path, "hostile").glob("scratch-*")) == []  # removed with what the job left
+    assert Path("/etc/passwd").exists()  # the link it left was removed, not followed
 
 
 class RegistryPlatform(Platform):
