@@ -154,6 +154,39 @@ def test_every_checkpoint_corrupt_stops_with_one_line_unless_start_over(tmp_path
     assert [json.loads(ln)["step"] for ln in (tmp_path / "m.jsonl").read_text().splitlines()] == list(range(1, 7))
 
 
+def _format_2_over_files(newest: Path) -> None:
+    m = json.loads(newest.read_text())
+    newest.write_text(json.dumps({**m, "format": 2}))
+
+
+def _a_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+# Tried by hand on a run's newest checkpoint (step 4 of 4); each crashed the resume or the save after it.
+CORRUPTED = {
+    "a format-2 manifest over whole-state files": lambda ck: _format_2_over_files(ck / "step-000000004.json"),
+    "a manifest that is a directory": lambda ck: _a_directory(ck / "step-000000004.json"),
+    "a part that is a directory": lambda ck: _a_directory(ck / "step-000000004" / "model.pt"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", CORRUPTED)
+def test_a_corrupted_newest_checkpoint_is_passed_over_and_the_run_completes(tmp_path, shape):
+    ck = tmp_path / "ck"
+    assert train(["--steps", "4", "--checkpoint-every", "2", "--checkpoint-uri", str(ck)]).returncode == 0
+    CORRUPTED[shape](ck)
+    resumed = train(["--steps", "6", "--checkpoint-every", "2", "--checkpoint-uri", str(ck), "--metrics-file",
+                     str(tmp_path / "m.jsonl")])
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr
+    if shape != "a manifest that is a directory":  # that one is no manifest: step 4 is not listed at all
+        assert "step-000000004 is corrupt" in resumed.stderr  # one warning, then the previous one
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "m.jsonl").read_text().splitlines()] == [3, 4, 5, 6]
+    assert Checkpointer(LocalStore(ck), keep=3).load_latest()[0] == 6
+
+
 def test_leftovers_of_killed_writes_are_cleaned_but_not_a_write_in_progress(tmp_path):
     store = LocalStore(tmp_path)
     ckpt = Checkpointer(store, keep=3)

@@ -231,7 +231,9 @@ class ShardedCheckpoints:
 
 
 def verify_present(checkpointer: Checkpointer, step: int, manifest: dict) -> None:
-    """Every shard the manifest names is in the store; raises CorruptCheckpoint."""
+    """DCP's metadata and every shard the manifest names are in the store; raises CorruptCheckpoint."""
+    if METADATA not in manifest["parts"]:  # a sharded commit always names it (a format-2 claim over other files)
+        raise CorruptCheckpoint(f"{step_name(step)}: a sharded manifest that names no {METADATA}")
     listed = set(checkpointer.store.list(step_name(step) + "/"))
     missing = [name for name in manifest["parts"] if f"{step_name(step)}/{name}" not in listed]
     if missing:

@@ -105,6 +105,8 @@ class LocalStore(Store):
                 copy(out)
                 out.flush()
                 os.fsync(out.fileno())
+                if path.is_dir() and not path.is_symlink():  # a directory where the file goes (a corrupted
+                    shutil.rmtree(path)                      # checkpoint passed over): the write replaces it
                 os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
