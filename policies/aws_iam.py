@@ -163,11 +163,12 @@ def check_bounded_launch(props: dict, ctx):
 CREATE_GRANT = "kms:CreateGrant"
 
 
-def _bool_condition(statement: dict, key: str):
-    """The value a Bool operator requires of condition `key`, else None."""
+def condition_value(statement: dict, operator: str, key: str):
+    """The value `operator` (e.g. Bool, Null, StringNotEquals) requires of condition `key`, else None; operator
+    and key are matched ignoring case."""
     condition = statement.get("Condition")
     for op, pairs in (condition.items() if isinstance(condition, dict) else ()):
-        if isinstance(op, str) and op.lower() == "bool" and isinstance(pairs, dict):
+        if isinstance(op, str) and op.lower() == operator.lower() and isinstance(pairs, dict):
             for k, value in pairs.items():
                 if isinstance(k, str) and k.lower() == key.lower():
                     return value
@@ -177,7 +178,7 @@ def _bool_condition(statement: dict, key: str):
 def check_grants_for_aws_resources(props: dict, ctx):
     for label, doc in documents(ctx.resource_type, props):
         for i, s in enumerate(allow_statements(doc)):
-            if allows(s, CREATE_GRANT) and flag(_bool_condition(s, "kms:GrantIsForAWSResource")) is not True:
+            if allows(s, CREATE_GRANT) and flag(condition_value(s, "Bool", "kms:GrantIsForAWSResource")) is not True:
                 yield (f"{label}: statement {s.get('Sid') or i} allows {CREATE_GRANT} without a Bool "
                        f"kms:GrantIsForAWSResource 'true' condition")
 
@@ -198,20 +199,13 @@ def trusts_ec2(role: dict) -> bool:
         for s in as_list(doc.get("Statement")) if isinstance(s, dict) and isinstance(s.get("Principal"), dict))
 
 
-def _value(statement: dict, operator: str, key: str):
-    pairs = (statement.get("Condition") or {}).get(operator)
-    if not isinstance(pairs, dict):
-        return None
-    return next((v for k, v in pairs.items() if isinstance(k, str) and k.lower() == key.lower()), None)
-
-
 def denies_off_instance(statement: dict, key: str, variable: str) -> bool:
     """A Deny of every action on every resource for instance credentials (ec2:SourceInstanceARN set) whose
     `key` differs from the request's `variable`."""
     return (statement.get("Effect") == "Deny" and "*" in as_list(statement.get("Action"))
             and "*" in as_list(statement.get("Resource")) and isinstance(statement.get("Condition"), dict)
-            and as_list(_value(statement, "StringNotEquals", key)) == [variable]
-            and flag(_value(statement, "Null", "ec2:SourceInstanceARN")) is False)
+            and as_list(condition_value(statement, "StringNotEquals", key)) == [variable]
+            and flag(condition_value(statement, "Null", "ec2:SourceInstanceARN")) is False)
 
 
 def role_documents(stack: Stack, role) -> list:

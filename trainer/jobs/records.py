@@ -1,8 +1,8 @@
 """Job records: one JSON document per job at ``<store>/jobs/<job_id>/record.json``, beside its checkpoints.
 
-A record: ``{"job_id", "kind", "spec" (the job's message, env values hidden), "state", "reason", "cancel_requested", "submitted",
-"updated", "rev", "attempts": [{"n", "nodes", "instance_type", "gpus", "start", "end", "exit_status",
-"reason"}], "progress": {"step", "total", "loss", "samples_per_s", "gpu_util", "at"}}``; times are Unix seconds.
+A record: ``{"job_id", "kind", "spec" (the job's message, env values hidden), "state", "reason",
+"cancel_requested", "submitted", "updated", "rev", "attempts": [{"n", "nodes", "instance_type", "gpus", "start",
+"end", "exit_status", "reason"}], "progress": {"step", "total", "loss", "samples_per_s", "gpu_util", "at"}}``; times are Unix seconds.
 
 The states and what moves a job between them are pure functions of a record (:data:`TRANSITIONS`, :func:`claim`,
 :func:`end`, :func:`cancel`, :func:`retry`, :func:`with_progress`). :class:`RecordStore` applies them with the
@@ -89,8 +89,7 @@ def new_record(spec: dict, now: float) -> dict:
     """The queued record of a job (``spec``: its message, Job.to_dict(); the record shows env names, never their
     values: trainer.jobs.spec.hidden_values)."""
     return {"job_id": spec["job_id"], "kind": spec.get("kind", "trainer"), "spec": hidden_values(spec),
-            "state": "queued",
-            "reason": None, "cancel_requested": False, "submitted": now, "updated": now, "rev": 0,
+            "state": "queued", "reason": None, "cancel_requested": False, "submitted": now, "updated": now, "rev": 0,
             "attempts": [], "progress": None}
 
 
