@@ -1,6 +1,7 @@
 """IAM guardrails: no wildcard actions, no admin-grade managed policies, no unconditioned writes on '*',
 bounded launch rights (the Slurm controller launches GPU nodes with EC2 CreateFleet), KMS grants only for AWS
-resources, and instance credentials that work only on their instance."""
+resources, instance credentials that work only on their instance, and role credentials handed on (a job role
+that a node role assumes for each job) that work only through the stack's VPC."""
 from __future__ import annotations
 
 import re
@@ -217,19 +218,78 @@ def role_documents(stack: Stack, role) -> list:
     return docs
 
 
+def role_statements(stack: Stack, role) -> list[dict] | None:
+    """Every statement of the role's policies, or None while one of them is not known yet (a preview)."""
+    docs = role_documents(stack, role)
+    if UNKNOWN in docs:
+        return None
+    return [s for d in docs if isinstance(d, dict) for s in as_list(d.get("Statement")) if isinstance(s, dict)]
+
+
 def check_credentials_stay_on_instance(stack: Stack, ctx):
     for role in stack.of(IAM_ROLE):
         if not trusts_ec2(role.props):
             continue
-        docs = role_documents(stack, role)
-        if UNKNOWN in docs:
+        statements = role_statements(stack, role)
+        if statements is None:
             continue
-        statements = [s for d in docs if isinstance(d, dict)
-                      for s in as_list(d.get("Statement")) if isinstance(s, dict)]
         for key, variable in CREDENTIAL_DENIES:
             if not any(denies_off_instance(s, key, variable) for s in statements):
                 yield (f"instance role '{role.name}' has no Deny of its credentials where {key} is not "
                        f"{variable}: stolen from an instance, they work anywhere"), role.urn
+
+
+# --- roles other roles assume (the job role) ------------------------------------------------------------
+
+_ROLE_ARN = re.compile(r"^arn:aws[\w-]*:iam::\d{12}:role/")
+_NOT_IN_VPC = ("stringnotequals", "stringnotequalsifexists")
+
+
+def trusted_roles(role: dict) -> list[str]:
+    """The IAM roles (ARNs) the role's trust policy lets assume it; a service or an account is not a role."""
+    doc = json_doc(role.get("assumeRolePolicy"))
+    if not isinstance(doc, dict):
+        return []
+    return [p for s in as_list(doc.get("Statement")) if isinstance(s, dict) and s.get("Effect") == "Allow"
+            and isinstance(s.get("Principal"), dict)
+            for p in as_list(s["Principal"].get("AWS")) if isinstance(p, str) and _ROLE_ARN.match(p)]
+
+
+def denies_outside_vpc(statement: dict) -> bool:
+    """A Deny of every action on every resource unless the request comes through the named VPC (StringNotEquals or
+    StringNotEqualsIfExists aws:SourceVpc, no wildcard), narrowed by nothing but the exemption of what an AWS
+    service does for the role (Bool or BoolIfExists aws:ViaAWSService 'false'): any other condition would let
+    some requests from outside through."""
+    condition = statement.get("Condition")
+    if not (statement.get("Effect") == "Deny" and "*" in as_list(statement.get("Action"))
+            and "*" in as_list(statement.get("Resource")) and isinstance(condition, dict)):
+        return False
+    vpc = False
+    for op, pairs in condition.items():
+        if not (isinstance(op, str) and isinstance(pairs, dict)):
+            return False
+        for key, value in pairs.items():
+            key = key.lower() if isinstance(key, str) else key
+            if op.lower() in _NOT_IN_VPC and key == "aws:sourcevpc":
+                values = as_list(value)
+                vpc = bool(values) and not any(_wildcard(v) for v in values)
+            elif not (op.lower() in ("bool", "boolifexists") and key == "aws:viaawsservice" and flag(value) is False):
+                return False
+    return vpc
+
+
+def check_assumed_roles_stay_in_vpc(stack: Stack, ctx):
+    for role in stack.of(IAM_ROLE):
+        principals = trusted_roles(role.props)
+        if not principals:
+            continue
+        statements = role_statements(stack, role)
+        if statements is None:
+            continue
+        if not any(denies_outside_vpc(s) for s in statements):
+            yield (f"role '{role.name}', which {', '.join(principals)} may assume, has no Deny of '*' where "
+                   f"aws:SourceVpc is not the stack's VPC: its credentials, handed to a job, work from anywhere"), \
+                role.urn
 
 
 _DOC_TYPES = [*IAM_POLICY_DOCS, IAM_ROLE]
@@ -281,4 +341,12 @@ POLICIES = [
                     "aws:ec2InstanceSourcePrivateIPv4 '${aws:VpcSourceIp}'), Null ec2:SourceInstanceARN 'false', "
                     "BoolIfExists aws:ViaAWSService 'false'; reach every service the role calls through a VPC "
                     "endpoint."),
+    stack_policy(
+        "aws-iam-job-role-stays-in-vpc",
+        "Roles that another IAM role assumes (job roles) deny their credentials outside the stack's VPC.",
+        severity="high", frameworks=["CIS"], check=check_assumed_roles_stay_in_vpc,
+        remediation="Add to the role's policy (infra.aws.policies.job_role_policy) a Deny of '*' on '*' with "
+                    "StringNotEqualsIfExists aws:SourceVpc '<the stack's VPC id>' and BoolIfExists "
+                    "aws:ViaAWSService 'false', and nothing else in its Condition; reach every service the role "
+                    "calls through a VPC endpoint."),
 ]

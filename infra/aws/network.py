@@ -32,8 +32,10 @@ from infra.config import Network as ExistingNetwork
 VPC_CIDR = "10.42.0.0/16"
 SUBNET_PREFIX = 19
 QUEUE_MODE_SUBNETS = 3   # spread spot capacity over three AZs
+# sts: the nodes' credentials daemon assumes the job role with the node role's credentials, which work only
+# through the VPC's endpoints (infra.aws.policies.stay_on_instance).
 INTERFACE_ENDPOINTS = ("sqs", "ssm", "ssmmessages", "ec2messages", "logs", "monitoring", "ec2", "secretsmanager",
-                       "ecr.api", "ecr.dkr")
+                       "ecr.api", "ecr.dkr", "sts")
 HTTPS = 443
 NFS = 2049
 

@@ -26,6 +26,11 @@ def partition(region: str) -> str:
     return "aws"
 
 
+def dns_suffix(region: str) -> str:
+    """The domain of a region's service endpoints and service principals (kms:ViaService names them)."""
+    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+
+
 def _doc(*statements: dict) -> dict:
     return {"Version": "2012-10-17", "Statement": list(statements)}
 
@@ -41,6 +46,18 @@ def assume_role_ec2() -> dict:
 
 def assume_role_lambda() -> dict:
     return _doc({"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"})
+
+
+# A job role session's name: the node's credentials daemon names each session after its job
+# (trainer.clouds.aws_credentials.SESSION_PREFIX); the job role's trust admits no other.
+JOB_SESSION_PATTERN = "gpufleet-*"
+
+
+def assume_role_job(node_role_arn: str) -> dict:
+    """The job role: only the stack's node role may assume it (its root credentials daemon, for one job at a
+    time), and only under a session name of the daemon's."""
+    return _doc({"Effect": "Allow", "Principal": {"AWS": node_role_arn}, "Action": "sts:AssumeRole",
+                 "Condition": {"StringLike": {"sts:RoleSessionName": JOB_SESSION_PATTERN}}})
 
 
 def chat_forwarder_policy(log_group_arn: str) -> dict:
@@ -182,10 +199,11 @@ NODE_DELETES = ("jobs/",)   # checkpoint rotation; index shards are rewritten, n
 
 
 def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_arn: str, munge_secret_arn: str,
-                vpc_id: str, metric_namespace: str) -> dict:
+                vpc_id: str, metric_namespace: str, job_role_arn: str) -> dict:
     """What a GPU node (slurmd's jobs through the per-node task, its setup, preflight, log shipping) may do, and
     nothing more: no queue, no other node, no instance of its own to launch; in the bucket it reads everything
-    and writes only under `NODE_WRITES`, so no job can replace a code bundle or a data set."""
+    and writes only under `NODE_WRITES`, so no job can replace a code bundle or a data set. It may assume the
+    stack's job role and no other role: its credentials daemon hands each job that role, narrowed to the job."""
     return _doc(
         {"Sid": "ListCheckpointBucket", "Effect": "Allow",
          "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket_arn},
@@ -207,8 +225,46 @@ def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_ar
         # resolves its dimensions from the tags too (as AWS's CloudWatchAgentServerPolicy allows). DescribeTags
         # has no resource-level permissions.
         {"Sid": "ReadOwnTags", "Effect": "Allow", "Action": "ec2:DescribeTags", "Resource": "*"},
+        {"Sid": "AssumeJobRole", "Effect": "Allow", "Action": "sts:AssumeRole", "Resource": job_role_arn},
         session_manager(vpc_id),
         *stay_on_instance(),
+    )
+
+
+# What a job does in the bucket under its own prefix (jobs/<job_id>/: record, checkpoints, log chunks, rotation),
+# and the prefixes it only reads: content-addressed code bundles (trainer.jobs.bundle.PREFIX) and data sets.
+JOB_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                      "s3:ListMultipartUploadParts")
+JOB_PREFIX = "jobs/"
+JOB_READS = ("code/", "data/")
+
+
+def job_role_policy(bucket_arn: str, key_arn: str, parameters_arn: str, vpc_id: str, region: str) -> dict:
+    """The job role: the ceiling of every job's rights. The node's credentials daemon assumes it with a session
+    policy naming one job's `jobs/<id>/` (trainer.clouds.aws_credentials), and STS grants the intersection, so a
+    job reaches its own prefix only, never another job's; nothing of the node role (munge key, logs, tags) reaches
+    a job. No write to `jobs-index/`: a shard holds many jobs' entries, and the bridge keeps the index.
+
+    The stack key is used only through S3 and SSM (kms:ViaService): objects and SecureString secrets, no bare
+    Decrypt. The Deny holds the credentials to the stack's VPC: a request that comes through one of its
+    endpoints carries aws:SourceVpc; one that bypasses them (the credentials copied off the node, to a laptop or
+    another VPC) carries none, and `StringNotEqualsIfExists` makes the absent key a match, so that request is
+    denied too. What an AWS service does for the job (S3 asking KMS for a data key) comes from no VPC and is
+    exempt (`BoolIfExists aws:ViaAWSService`), as in `stay_on_instance`."""
+    services = [f"{name}.{region}.{dns_suffix(region)}" for name in ("s3", "ssm")]
+    return _doc(
+        {"Sid": "OwnJobObjects", "Effect": "Allow", "Action": list(JOB_OBJECT_ACTIONS),
+         "Resource": f"{bucket_arn}/{JOB_PREFIX}*"},
+        {"Sid": "ReadCodeAndData", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in JOB_READS]},
+        {"Sid": "ListBucket", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": bucket_arn},
+        {"Sid": "UseStackKeyThroughS3AndSsm", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+         "Resource": key_arn, "Condition": {"StringEquals": {"kms:ViaService": services}}},
+        {"Sid": "ReadJobSecrets", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameters_arn},
+        {"Sid": "OnlyThroughStackVpc", "Effect": "Deny", "Action": "*", "Resource": "*",
+         "Condition": {"StringNotEqualsIfExists": {"aws:SourceVpc": vpc_id},
+                       "BoolIfExists": {"aws:ViaAWSService": "false"}}},
     )
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws.policies import partition
+from infra.aws.policies import dns_suffix, partition
 from infra.config import PullThrough
 
 KEEP_IMAGES = 50            # images a repository keeps (the newest); older ones expire
@@ -27,10 +27,6 @@ UNTAGGED_DAYS = 1           # an untagged image (a failed push, a replaced manif
 PULL_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability")
 # The first pull of an upstream image through a cache rule imports it, creating its repository if needed.
 CACHE_FILL_ACTIONS = ("ecr:BatchImportUpstreamImage", "ecr:CreateRepository")
-
-
-def dns_suffix(region: str) -> str:
-    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
 
 
 def repository_name(stack_prefix: str) -> str:

@@ -59,8 +59,10 @@ def slurm_settings(controller_addr: str, munge_secret_arn: str) -> dict:
 
 
 def node_settings(cfg: StackConfig, part: Partition, names: Names, bucket: str,
-                  registry_url: str | None, slurm_: dict, mounts: list[dict]) -> dict:
-    """A partition's /etc/gpufleet/node.json; `registry` is the stack's repository URL."""
+                  registry_url: str | None, slurm_: dict, mounts: list[dict], job_role_arn: str) -> dict:
+    """A partition's /etc/gpufleet/node.json; `registry` is the stack's repository URL, `aws` what the node's
+    credentials daemon needs to hand each job its own credentials (the job role, and the bucket its session
+    policy narrows to the job's prefix)."""
     types = {}
     for name in part.instance_types:
         row = catalog.CATALOG[name]
@@ -68,7 +70,8 @@ def node_settings(cfg: StackConfig, part: Partition, names: Names, bucket: str,
                        "nvswitch": row.nvswitch, "infiniband_gbps": row.infiniband_gbps}
     return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "bucket": bucket,
             "asg_name": names.node_group, "log_group": names.log_group, "metric_namespace": names.metric_namespace,
-            "instance_types": types, "registry": registry_url, "slurm": slurm_, "mounts": mounts}
+            "instance_types": types, "registry": registry_url, "slurm": slurm_, "mounts": mounts,
+            "aws": {"job_role_arn": job_role_arn, "bucket": bucket}}
 
 
 def nodes_config(cfg: StackConfig, templates: dict[str, str], subnet_ids: dict[str, list[str]],
@@ -157,7 +160,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     parts: dict[str, PartitionNodes] = {}
     for part in cfg.partitions:
         settings = pulumi.Output.all(storage.bucket.bucket, images.repository_url, slurm_,
-                                     shared.node_mounts).apply(
+                                     shared.node_mounts, identity.job_role.arn).apply(
             lambda v, part=part: node_settings(cfg, part, names, *v))
         parts[part.name] = PartitionNodes(f"partition-{part.name}", PartitionArgs(
             prefix=names.prefix, partition=part, image=cfg.image,
@@ -205,6 +208,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "launchTemplates": templates,
         "ami": image_id,
         "nodeRole": identity.role.arn,
+        "jobRole": identity.job_role.arn,
         "controllerRole": identity.controller_role.arn,
         "instanceProfile": identity.instance_profile.arn,
         "mungeKeySecret": identity.munge_secret.arn,

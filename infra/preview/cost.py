@@ -91,7 +91,7 @@ CFS_STANDARD_GB_MONTH = 0.35
 # --- what the stacks create (tests/infra/review check these against the stacks' previews) -------------------
 AWS_ROOT_VOLUME_GIB = 200            # per node, gp3 (infra/aws/partition.py ROOT_VOLUME_GIB)
 AWS_CONTROLLER_ROOT_GIB = 50         # the controller's root volume, gp3 (infra/aws/controller.py ROOT_VOLUME_GIB)
-AWS_INTERFACE_ENDPOINTS = 10         # services with an interface endpoint in the stack's own VPC
+AWS_INTERFACE_ENDPOINTS = 11         # services with an interface endpoint in the stack's own VPC
 AWS_QUEUE_MODE_AZS = 3               # subnets (AZs) unless every partition is a gang; then one
 DNS_FIREWALL_DOMAINS = 3             # the allowed domains and the "*" blocked (infra/aws/dns_firewall.py)
 AZURE_OS_DISK_GB = 256               # per node, Premium SSD

@@ -23,6 +23,8 @@ AWS_NODE = {
     "cloud": "aws", "stack": "prod", "region": "eu-north-1",
     "asg_name": "gpufleet-prod-nodes", "log_group": "/gpufleet/prod", "metric_namespace": "gpufleet/prod",
     "instance_types": {"p5.48xlarge": {"gpus": 8, "efa": 32, "nvswitch": True, "infiniband_gbps": 0}},
+    "aws": {"job_role_arn": "arn:aws:iam::123456789012:role/gpufleet-prod-job-1a2b3c4",
+            "bucket": "gpufleet-prod-data-1a2b3c4"},
 }
 AZURE_NODE = {
     "cloud": "azure", "stack": "azure", "region": "westeurope",
@@ -64,7 +66,8 @@ def _stack_nodes():
             slurm = slurm_settings("10.0.0.10", f"arn:aws:secretsmanager:{cfg.region}:123456789012:secret:"
                                                 f"gpufleet-{stack}-munge-AbCdEf")
             node = node_settings(cfg, cfg.partitions[0], Names.of(stack), f"gpufleet-{stack}-data", None,
-                                 slurm, [mount("fs-0123456789abcdef0", "fsap-0123456789abcdef0", HOME)])
+                                 slurm, [mount("fs-0123456789abcdef0", "fsap-0123456789abcdef0", HOME)],
+                                 f"arn:aws:iam::123456789012:role/gpufleet-{stack}-job-1a2b3c4")
         elif cfg.cloud == "tencent":
             from infra.tencent import derive
 
@@ -242,6 +245,43 @@ def test_bad_slurm_or_mount_settings_are_refused(change, message):
     with pytest.raises(ValueError) as err:
         render_node_user_data({**SLURM_NODE, **change})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+JOB_ROLE = AWS_NODE["aws"]["job_role_arn"]
+
+
+@pytest.mark.parametrize("aws, message", [
+    (None, "node.aws: expected an object with job_role_arn, bucket, got null"),
+    ({"bucket": "b"}, "node.aws: missing job_role_arn"),
+    ({"job_role_arn": JOB_ROLE}, "node.aws: missing bucket"),
+    ({"job_role_arn": JOB_ROLE, "bucket": ""}, "node.aws.bucket: expected a non-empty string without spaces, got "
+                                               "an empty string"),
+    ({"job_role_arn": JOB_ROLE, "bucket": ["b"]}, "node.aws.bucket: expected a non-empty string without spaces, got "
+                                                  "a list"),
+    ({"job_role_arn": "gpufleet-prod-job", "bucket": "b"},
+     "node.aws.job_role_arn: 'gpufleet-prod-job' is not allowed; expected an IAM role's ARN"),
+    ({"job_role_arn": "arn:aws:iam::123456789012:user/alice", "bucket": "b"},
+     "node.aws.job_role_arn: 'arn:aws:iam::123456789012:user/alice' is not allowed"),
+    ({"job_role_arn": "arn:aws:iam::1234:role/job", "bucket": "b"},
+     "node.aws.job_role_arn: 'arn:aws:iam::1234:role/job' is not allowed"),
+    ({"job_role_arn": JOB_ROLE, "bucket": "b", "session_token": "x"},
+     "node.aws.session_token: secrets do not belong in user-data"),
+    ({"job_role_arn": JOB_ROLE, "bucket": "b", "queue_url": "x"},
+     "node.aws.queue_url: unknown key; expected job_role_arn, bucket"),
+])
+def test_bad_aws_settings_are_refused(aws, message):
+    with pytest.raises(ValueError) as err:
+        render_node_user_data({**SLURM_NODE, "aws": aws})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arn", [JOB_ROLE, "arn:aws-cn:iam::123456789012:role/gpufleet/cn-job",
+                                 "arn:aws-us-gov:iam::123456789012:role/gpufleet-gov-job"])
+def test_the_job_role_is_a_role_arn_of_any_partition_and_the_aws_object_is_optional(arn):
+    node = {**SLURM_NODE, "aws": {"job_role_arn": arn, "bucket": "gpufleet-prod-data-1a2b3c4"}}
+    assert node_json(render_node_user_data(node))["aws"] == node["aws"]
+    without = {k: v for k, v in SLURM_NODE.items() if k != "aws"}   # optional, even for the writer
+    assert node_json(render_node_user_data(without)) == without
 
 
 def test_a_slurm_node_needs_its_slurm_object():

@@ -134,6 +134,25 @@ def on_instance_statements() -> list[dict]:
                 "StringNotEquals": {"aws:ec2InstanceSourcePrivateIPv4": "${aws:VpcSourceIp}"}, **rest}}]
 
 
+VPC_ID = "vpc-0a1b2c3d4e5f60718"
+
+
+def job_statements(bucket: str) -> list[dict]:
+    """The job role's rights (infra.aws.policies.job_role_policy), short of its VPC Deny."""
+    return [
+        {"Sid": "OwnJobObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+         "Resource": f"arn:aws:s3:::{bucket}/jobs/*"},
+        {"Sid": "ReadCodeAndData", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": [f"arn:aws:s3:::{bucket}/code/*", f"arn:aws:s3:::{bucket}/data/*"]}]
+
+
+def in_vpc_statement(vpc_id: str = VPC_ID) -> dict:
+    """The Deny that holds a job role's credentials to the stack's VPC."""
+    return {"Sid": "OnlyThroughStackVpc", "Effect": "Deny", "Action": "*", "Resource": "*",
+            "Condition": {"StringNotEqualsIfExists": {"aws:SourceVpc": vpc_id},
+                          "BoolIfExists": {"aws:ViaAWSService": "false"}}}
+
+
 def _dns_firewall(s: Stack, vpc: dict, t: dict) -> None:
     """The VPC's DNS firewall: AWS names and the VPC's own allowed, the rest blocked (infra.aws.dns_firewall)."""
     allowed = s.add("aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList", "dns-allowed", {
@@ -209,6 +228,13 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     s.add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-extra",  # a customer-managed policy: fine
           {"role": "node-1a2b", "policyArn": "arn:aws:iam::123456789012:policy/gpufleet-prod-extra"},
           deps={"role": [role]})
+    # the job role: the node role assumes it for each job; its credentials work only through the stack's VPC
+    job_role = s.add("aws:iam/role:Role", "job-role", {"assumeRolePolicy": _policy([
+        {"Effect": "Allow", "Principal": {"AWS": NODE_ROLE_ARN}, "Action": "sts:AssumeRole",
+         "Condition": {"StringLike": {"sts:RoleSessionName": "gpufleet-*"}}}]), "tags": t},
+        deps={"assumeRolePolicy": [role]})
+    s.add("aws:iam/rolePolicy:RolePolicy", "job-policy", {"role": "job-1a2b", "policy": _policy(
+        job_statements(name) + [in_vpc_statement()])}, deps={"role": [job_role], "policy": [bucket, vpc]})
     _registry(s, key, t)
     return {"key": key, "bucket": bucket, "vpc": vpc, "subnet": subnet, "sg": sg, "role": role}
 

@@ -211,6 +211,10 @@ ALONE = [
           {"assumeRolePolicy": _doc({"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                                      "Action": "sts:AssumeRole"}), "tags": tags("prod")},
           one("aws-iam-instance-role-credentials-stay-on-instance")),
+    Alone("aws-iam-job-role-stays-in-vpc", "prod", "aws:iam/role:Role",   # no policy: no Deny
+          {"assumeRolePolicy": _doc({"Effect": "Allow", "Principal": {"AWS": f.NODE_ROLE_ARN},
+                                     "Action": "sts:AssumeRole"}), "tags": tags("prod")},
+          one("aws-iam-job-role-stays-in-vpc")),
     # --- KMS, SQS, logs, alerts -------------------------------------------------------------------
     Alone("aws-kms-key-rotation", "prod", "aws:kms/key:Key", {"enableKeyRotation": False, "tags": tags("prod")},
           one("aws-kms-key-rotation")),

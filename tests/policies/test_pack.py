@@ -33,6 +33,7 @@ def test_analyzer_info_describes_every_policy(packs):
     assert by_name["aws-slurm-partition-monthly-ceiling"]["level"] == "advisory"
     assert by_name["aws-slurm-partition-gpu-quota"]["config_schema"]["maxGpus"]["default"] == 64
     for name in ("aws-slurm-controller-hardened", "aws-secretsmanager-secret-cmk", "aws-iam-policy-bounded-launch",
+                 "aws-iam-job-role-stays-in-vpc",
                  "aws-efs-filesystem-cmk-tls-only", "aws-slurm-partition-efa-cluster",
                  "azure-slurm-partition-placement", "azure-slurm-controller-hardened", "azure-network-publicip-nat-only",
                  "azure-slurm-partition-gpu-quota", "tencent-cam-policy-bounded-launch",

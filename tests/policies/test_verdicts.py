@@ -423,6 +423,33 @@ CASES = [
     Case("credentials-not-an-instance-role", "prod", edit("ecr-templates-policy", policy=json.dumps({
         "Statement": f.ecr_template_statements()}))),
     Case("credentials-policy-unknown", "prod", edit("node-policy", policy=f.UNKNOWN)),
+    # --- job role credentials ------------------------------------------------------------------------
+    Case("job-role-no-vpc-deny", "prod", without_deny("job-policy", "OnlyThroughStackVpc"),
+         ("aws-iam-job-role-stays-in-vpc",), on="job-role"),
+    Case("job-role-deny-narrowed", "dev", deny_condition("job-policy", "OnlyThroughStackVpc", "StringEquals",
+                                                         {"aws:PrincipalTag/team": "ml"}),
+         ("aws-iam-job-role-stays-in-vpc",), on="job-role"),
+    Case("job-role-deny-any-vpc", "prod", deny_condition("job-policy", "OnlyThroughStackVpc",
+                                                         "StringNotEqualsIfExists", {"aws:SourceVpc": "vpc-*"}),
+         ("aws-iam-job-role-stays-in-vpc",), on="job-role"),
+    Case("job-role-deny-other-key", "prod", deny_condition("job-policy", "OnlyThroughStackVpc",
+                                                           "StringNotEqualsIfExists", {"aws:SourceVpce": "vpce-1"}),
+         ("aws-iam-job-role-stays-in-vpc",), on="job-role"),
+    Case("job-role-deny-string-not-equals", "prod", both(
+        deny_condition("job-policy", "OnlyThroughStackVpc", "StringNotEqualsIfExists", None),
+        deny_condition("job-policy", "OnlyThroughStackVpc", "StringNotEquals", {"aws:SourceVpc": f.VPC_ID}))),
+    Case("job-role-deny-in-attached-policy", "prod", both(
+        without_deny("job-policy", "OnlyThroughStackVpc"),
+        add("aws:iam/policy:Policy", "in-vpc", {"policy": json.dumps({"Statement": [f.in_vpc_statement()]}),
+                                                "tags": f.tags("personal", "prod")}),
+        add("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "job-in-vpc", {
+            "role": "job-1a2b", "policyArn": "arn:aws:iam::123456789012:policy/in-vpc"},
+            {"role": ["job-role"], "policyArn": ["in-vpc"]}))),
+    Case("job-role-trusted-by-a-service", "prod", both(   # not assumed by a role: not a job role
+        without_deny("job-policy", "OnlyThroughStackVpc"),
+        edit("job-role", assumeRolePolicy=json.dumps({"Statement": [
+            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}]})))),
+    Case("job-role-policy-unknown", "prod", edit("job-policy", policy=f.UNKNOWN)),
     # --- KMS, SQS, logs ---------------------------------------------------------------------------
     Case("kms-no-rotation", "prod", edit("key", enableKeyRotation=False), ("aws-kms-key-rotation",), on="key"),
     Case("kms-asymmetric-no-rotation", "prod", edit("key", enableKeyRotation=False, customerMasterKeySpec="RSA_2048")),

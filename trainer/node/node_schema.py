@@ -13,6 +13,9 @@ Two optional parts serve a Slurm node (checked here for node.json and for the co
 - ``mounts``: ``[{"source", "target", "type", "options"}]``: network file systems (EFS over TLS, NFS) that
   user-data has cloud-init mount.
 
+An AWS node also has ``aws``: ``{"job_role_arn", "bucket"}``: the role its credentials daemon assumes for each job
+(narrowed to the job's prefix of the bucket), and that bucket's name; neither is a secret.
+
 controller.json (``check_controller``, ``load_controller``) is the controller's: the bridge's settings, the
 Slurm state directory, its own ``slurm`` object and ``mounts``, and the cloud's own keys as node.json has them.
 """
@@ -37,6 +40,9 @@ TEXT = ("stack", "region", "asg_name", "log_group", "metric_namespace")
 SLURM_KEYS = ("controller_addr", "controller_port", "munge")
 MOUNT_KEYS = ("source", "target", "type", "options")
 MOUNT_TYPES = ("efs", "aznfs", "nfs4", "nfs")
+AWS_KEYS = ("job_role_arn", "bucket")
+# An IAM role's ARN in any partition (aws, aws-cn, aws-us-gov), a path allowed.
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+\Z")
 TLS_MOUNTS = {"efs": "EFS (amazon-efs-utils)", "aznfs": "Azure Files NFS (the AZNFS mount helper)"}
 # controller.json: what the controller's setup and the bridge read (plus slurm, mounts and the cloud's own keys).
 CONTROLLER_REQUIRED = ("cloud", "stack", "region", "bucket", "queue_url", "slurm", "partition", "gpus",
@@ -86,15 +92,20 @@ def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _object(value, doc: str, name: str, keys: tuple[str, ...]) -> None:
+    """``value`` is an object of exactly ``keys`` (ValueError names what is wrong)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{doc}.{name}: expected an object with {', '.join(keys)}, got {_kind(value)}")
+    _unknown(doc, name, value, keys)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ValueError(f"{doc}.{name}: missing {', '.join(missing)}")
+
+
 def check_slurm(value, doc: str = "node") -> dict:
     """The ``slurm`` object: ``controller_addr`` (a host name or address), ``controller_port`` (1-65535) and
     ``munge`` (the reference of the secret holding the munge key). ValueError names the key."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{doc}.slurm: expected an object with {', '.join(SLURM_KEYS)}, got {_kind(value)}")
-    _unknown(doc, "slurm", value, SLURM_KEYS)
-    missing = [k for k in SLURM_KEYS if k not in value]
-    if missing:
-        raise ValueError(f"{doc}.slurm: missing {', '.join(missing)}")
+    _object(value, doc, "slurm", SLURM_KEYS)
     addr, port, munge = value["controller_addr"], value["controller_port"], value["munge"]
     if not (isinstance(addr, str) and _HOST.match(addr)):
         raise ValueError(f"{doc}.slurm.controller_addr: {addr!r} is not allowed; expected the controller's host "
@@ -108,6 +119,21 @@ def check_slurm(value, doc: str = "node") -> dict:
     if len(munge) > _MAX_REFERENCE or any(c.isspace() for c in munge):
         raise ValueError(f"{doc}.slurm.munge: expected the reference of the secret that holds the munge key (an "
                          "ARN, a Key Vault secret URL or a secret name), not the key itself")
+    return value
+
+
+def check_aws(value, doc: str = "node") -> dict:
+    """The ``aws`` object: ``job_role_arn`` (an IAM role's ARN) and ``bucket`` (the stack bucket's name), both
+    required. ValueError names the key."""
+    _object(value, doc, "aws", AWS_KEYS)
+    for key in AWS_KEYS:
+        item = value[key]
+        if not (isinstance(item, str) and item and not any(c.isspace() for c in item)):
+            got = "an empty string" if item == "" else repr(item) if isinstance(item, str) else _kind(item)
+            raise ValueError(f"{doc}.aws.{key}: expected a non-empty string without spaces, got {got}")
+    if not _ROLE_ARN.match(value["job_role_arn"]):
+        raise ValueError(f"{doc}.aws.job_role_arn: {value['job_role_arn']!r} is not allowed; expected an IAM role's "
+                         "ARN, arn:aws:iam::<12-digit account>:role/<name>")
     return value
 
 
@@ -188,6 +214,8 @@ def check(node, complete: bool = False) -> dict:
         check_slurm(node["slurm"])
     if "mounts" in node:
         check_mounts(node["mounts"])
+    if "aws" in node:
+        check_aws(node["aws"])
     if complete:
         _check_no_secrets(node, "")
     return node

@@ -19,6 +19,7 @@ FLOW_LOGS = "arn:aws:logs:eu-west-1:123456789012:log-group:/gpufleet/dev/vpc-flo
 MUNGE = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpufleet-dev-munge-abc-Xy12Zw"
 NODE_ROLE = "arn:aws:iam::123456789012:role/gpufleet-dev-node-abc"
 CONTROLLER_ROLE = "arn:aws:iam::123456789012:role/gpufleet-dev-controller-abc"
+JOB_ROLE = "arn:aws:iam::123456789012:role/gpufleet-dev-job-abc"
 EC2 = "arn:aws:ec2:eu-west-1:123456789012"
 TEMPLATES = [f"{EC2}:launch-template/lt-0123456789abcdef0", f"{EC2}:launch-template/lt-0fedcba9876543210"]
 FS = "arn:aws:elasticfilesystem:eu-west-1:123456789012:file-system/fs-0123"
@@ -28,7 +29,11 @@ VPC = "vpc-0123456789abcdef0"
 
 
 def node_policy() -> dict:
-    return policies.node_policy(BUCKET, KEY, LOGS, PARAMETERS, MUNGE, VPC, "gpufleet/dev")
+    return policies.node_policy(BUCKET, KEY, LOGS, PARAMETERS, MUNGE, VPC, "gpufleet/dev", JOB_ROLE)
+
+
+def job_role_policy(region: str = "eu-west-1") -> dict:
+    return policies.job_role_policy(BUCKET, KEY, PARAMETERS, VPC, region)
 
 
 def controller_policy() -> dict:
@@ -56,7 +61,7 @@ def test_node_policy_is_least_privilege_and_scoped():
     assert_least_privilege(doc, "gpufleet/dev")
     resources = {r for st in doc["Statement"] for r in _list(st["Resource"])}
     assert resources == {BUCKET, f"{BUCKET}/*", f"{BUCKET}/jobs/*", f"{BUCKET}/jobs-index/*", KEY, LOGS,
-                         f"{LOGS}:*", PARAMETERS, MUNGE, "*"}
+                         f"{LOGS}:*", PARAMETERS, MUNGE, JOB_ROLE, "*"}
     assert PARAMETERS == "arn:aws:ssm:eu-west-1:123456789012:parameter/gpufleet/dev/*"
     # a node reads the munge key; it launches, tags, terminates nothing and never touches the queue
     assert [st["Resource"] for st in _statements_with(doc, "secretsmanager:GetSecretValue")] == [MUNGE]
@@ -210,15 +215,17 @@ TRAINER_CALLS = {
     "get_queue_url": "sqs:GetQueueUrl", "get_parameter": "ssm:GetParameter",
     "get_authorization_token": "ecr:GetAuthorizationToken",
     "get_secret_value": "secretsmanager:GetSecretValue", "put_secret_value": "secretsmanager:PutSecretValue",
+    "assume_role": "sts:AssumeRole",
 }
 # The per-node agent's Auto Scaling calls: it runs on no Slurm stack (it goes once the last stack runs Slurm).
 AGENT_ONLY = {"set_instance_protection", "complete_lifecycle_action", "set_instance_health",
               "describe_auto_scaling_instances", "describe_auto_scaling_groups"}
 # The services whose clients the trainer makes.
 TRAINER_SERVICES = ("sqs", "s3", "autoscaling", "ec2", "ecr", "ssm", "cloudwatch", "logs", "sts", "secretsmanager")
-# What a node calls: its jobs' checkpoints and secrets, registry logins, its own Slurm name and the munge key.
+# What a node calls: its jobs' checkpoints and secrets, registry logins, its own Slurm name, the munge key, and
+# the job role its credentials daemon assumes for each job.
 NODE_CALLS = {"get_object", "put_object", "list_objects_v2", "delete_object", "get_parameter",
-              "get_authorization_token", "describe_tags", "get_secret_value"}
+              "get_authorization_token", "describe_tags", "get_secret_value", "assume_role"}
 
 
 def _called() -> set[str]:
@@ -350,6 +357,85 @@ def test_the_node_write_prefixes_are_where_the_trainer_writes():
     assert not f"{bundle.PREFIX}0f3a9c.tar.gz".startswith(policies.NODE_WRITES)
 
 
+# --- the job role (issue 23: jobs stop holding the node role) -------------------------------------------------
+
+def test_the_job_role_trusts_only_the_node_role_under_the_daemons_session_names():
+    from trainer.clouds.aws_credentials import SESSION_PREFIX
+
+    assert policies.assume_role_job(NODE_ROLE) == {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"AWS": NODE_ROLE}, "Action": "sts:AssumeRole",
+         "Condition": {"StringLike": {"sts:RoleSessionName": "gpufleet-*"}}}]}
+    # the names the daemon gives its sessions are the ones the trust admits
+    assert fnmatchcase(f"{SESSION_PREFIX}4711-0", policies.JOB_SESSION_PATTERN)
+    assert not fnmatchcase("attacker-4711", policies.JOB_SESSION_PATTERN)
+
+
+def test_the_node_may_assume_the_job_role_and_no_other():
+    (assume,) = [st for st in node_policy()["Statement"] if any(a.startswith("sts:") for a in _list(st["Action"]))]
+    assert assume == {"Sid": "AssumeJobRole", "Effect": "Allow", "Action": "sts:AssumeRole", "Resource": JOB_ROLE}
+
+
+def test_the_job_role_is_the_ceiling_a_jobs_session_narrows():
+    """Every Allow names its resources (no '*'), on the stack's bucket, key and job secrets only; nothing of the
+    node's own rights (munge key, logs, metrics, tags, Session Manager, another role) reaches a job."""
+    doc = job_role_policy()
+    allows = [st for st in doc["Statement"] if st["Effect"] == "Allow"]
+    assert all("*" not in a for st in allows for a in _list(st["Action"]))
+    assert {r for st in allows for r in _list(st["Resource"])} == {
+        f"{BUCKET}/jobs/*", f"{BUCKET}/code/*", f"{BUCKET}/data/*", BUCKET, KEY, PARAMETERS}
+    assert {a.split(":")[0] for a in _actions(doc)} == {"s3", "kms", "ssm"}
+    assert _actions(doc) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                             "s3:ListMultipartUploadParts", "s3:ListBucket", "s3:GetBucketLocation",
+                             "kms:Decrypt", "kms:GenerateDataKey", "ssm:GetParameter"}
+
+
+def test_a_job_writes_only_under_jobs_and_reads_code_and_data():
+    """The job role writes under jobs/ only (the session policy narrows that to jobs/<id>/); it reads code bundles
+    and data sets, writes neither, and never touches the record index, which the bridge keeps."""
+    doc = job_role_policy()
+    for key in ("jobs/j1/record.json", "jobs/j1/step-100/manifest.json", "jobs/j1/logs/1/node-0/00000000.log"):
+        for action in policies.JOB_OBJECT_ACTIONS:
+            assert _allows(doc, action, f"{BUCKET}/{key}"), (action, key)
+    for key in ("code/0f3a9c.tar.gz", "data/shard-0"):
+        assert _allows(doc, "s3:GetObject", f"{BUCKET}/{key}"), key
+        for action in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"):
+            assert not _allows(doc, action, f"{BUCKET}/{key}"), (action, key)
+    for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+        assert not _allows(doc, action, f"{BUCKET}/jobs-index/07.json"), action
+        assert not _allows(doc, action, f"{BUCKET}/other/x"), action
+        assert not _allows(doc, action, "arn:aws:s3:::another-bucket/jobs/j1/record.json"), action
+    assert _allows(doc, "s3:ListBucket", BUCKET) and not _allows(doc, "s3:ListBucket", "arn:aws:s3:::another-bucket")
+
+
+def test_the_job_role_covers_what_a_jobs_session_policy_asks_for_its_own_prefix():
+    """The daemon's session policy (trainer.clouds.aws_credentials) only narrows: what it allows a job on its own
+    prefix and on the shared read prefixes, the job role allows too."""
+    from trainer.clouds.aws_credentials import READ_PREFIXES, session_policy
+
+    assert tuple(READ_PREFIXES) == policies.JOB_READS
+    session = session_policy(BUCKET.removeprefix("arn:aws:s3:::"), "j1", "eu-west-1")
+    (own,) = [st for st in session["Statement"] if st.get("Sid") == "OwnPrefix"]
+    for action in _list(own["Action"]):
+        assert _allows(job_role_policy(), action, own["Resource"].replace("*", "step-1/model.pt")), action
+
+
+@pytest.mark.parametrize("region, suffix", [("eu-west-1", "amazonaws.com"), ("cn-north-1", "amazonaws.com.cn")])
+def test_a_job_uses_the_stack_key_only_through_s3_and_ssm(region, suffix):
+    (key,) = [st for st in job_role_policy(region)["Statement"] if KEY in _list(st["Resource"])]
+    assert key["Action"] == ["kms:Decrypt", "kms:GenerateDataKey"]
+    assert key["Condition"] == {"StringEquals": {"kms:ViaService": [f"s3.{region}.{suffix}", f"ssm.{region}.{suffix}"]}}
+
+
+def test_job_credentials_work_only_through_the_stacks_vpc():
+    """Copied off the node, a job's credentials are refused: a request that does not come through an endpoint of
+    the stack's VPC has another aws:SourceVpc or none (IfExists: none matches too); an AWS service acting for the
+    job is exempt."""
+    (deny,) = [st for st in job_role_policy()["Statement"] if st["Effect"] == "Deny"]
+    assert deny == {"Sid": "OnlyThroughStackVpc", "Effect": "Deny", "Action": "*", "Resource": "*",
+                    "Condition": {"StringNotEqualsIfExists": {"aws:SourceVpc": VPC},
+                                  "BoolIfExists": {"aws:ViaAWSService": "false"}}}
+
+
 def test_both_roles_deny_their_credentials_off_their_instance():
     """AWS's data-perimeter Deny for EC2 role credentials: used from another VPC, another address, or not through
     an endpoint of the instance's VPC, node and controller credentials are refused; an AWS service acting for
@@ -380,5 +466,17 @@ def test_every_service_the_roles_call_has_an_endpoint_in_the_vpc():
     assert {"s3", "sqs", "ec2", "ssm", "ssmmessages", "secretsmanager", "logs", "cloudwatch", "ecr"} <= services
     reached = {"s3", *network.INTERFACE_ENDPOINTS}
     assert {ENDPOINT_OF.get(s, s) for s in services - VIA_SERVICES} <= reached
-    # image layers come through ecr.dkr, and the SSM agent keeps its channel through ec2messages
-    assert {"ecr.dkr", "ec2messages"} <= set(network.INTERFACE_ENDPOINTS)
+    # image layers come through ecr.dkr, the SSM agent keeps its channel through ec2messages, and the node's
+    # credentials daemon assumes the job role through sts
+    assert {"ecr.dkr", "ec2messages", "sts"} <= set(network.INTERFACE_ENDPOINTS)
+    assert "sts" in services
+
+
+def test_every_service_a_job_calls_has_an_endpoint_in_the_vpc():
+    """The job role's Deny refuses what does not come through the VPC: S3, SSM and ECR (image jobs' logins and
+    pulls) are all reached through endpoints of the stack's VPC; KMS only through S3 and SSM."""
+    statements = (job_role_policy()["Statement"]
+                  + registry.pull_statements("eu-west-1", ACCOUNT, "gpufleet-dev", ["ecr-public"]))
+    services = {a.split(":")[0] for st in statements if st["Effect"] == "Allow" for a in _list(st["Action"])}
+    assert services == {"s3", "kms", "ssm", "ecr"}
+    assert {ENDPOINT_OF.get(s, s) for s in services - VIA_SERVICES} <= {"s3", *network.INTERFACE_ENDPOINTS}

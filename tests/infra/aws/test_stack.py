@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra import slurm
-from infra.aws import dns_firewall, efa, network
+from infra.aws import dns_firewall, efa, network, policies, registry
 from infra.aws import stack as aws_stack
 from infra.catalog import CATALOG
 from tests.infra.aws.harness import ACCOUNT, assert_least_privilege, build_stack, stack_config
@@ -426,12 +426,44 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
     assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", bucket_arn + "/jobs/*",
                                               bucket_arn + "/jobs-index/*", built.outputs["kmsKey"], secrets,
-                                              log_arn, log_arn + ":*", built.outputs["mungeKeySecret"]} | repositories
+                                              log_arn, log_arn + ":*", built.outputs["mungeKeySecret"],
+                                              built.outputs["jobRole"]} | repositories
     (sm,) = [st for st in doc["Statement"] if st.get("Sid") == "SessionManager"]
     assert sm["Condition"] == {"StringEquals": {"aws:ec2InstanceSourceVPC": built.outputs["vpcId"]}}
     profile = built.one("aws:iam/instanceProfile:InstanceProfile", "-node")
     assert profile.inputs["role"] == role.state["name"]
     assert built.one(T["lt"]).inputs["iamInstanceProfile"] == {"arn": profile.state["arn"]}
+
+
+def test_jobs_get_a_role_of_their_own_that_only_the_node_role_assumes(built):
+    """Issue 23: the job role's trust names the node role; its policy is job_role_policy (held to the stack's VPC)
+    plus the registry's pull statements; the node may assume it and no other role; node.json names it."""
+    o, cfg = built.outputs, built.cfg
+    node_role, role = built.one(T["role"], "-node"), built.one(T["role"], "-job")
+    assert o["jobRole"] == role.state["arn"] and o["nodeRole"] == node_role.state["arn"]
+    assert json.loads(role.inputs["assumeRolePolicy"]) == policies.assume_role_job(o["nodeRole"])
+    assert "managedPolicyArns" not in role.inputs and "inlinePolicies" not in role.inputs
+    assert cfg.all_tags.items() <= role.inputs["tags"].items()
+    inline = built.one(T["role_policy"], "-job")
+    assert inline.inputs["role"] == role.state["name"]
+    bucket_arn = f"arn:aws:s3:::{o['bucket']}"
+    parameters = policies.parameters_arn(cfg.region, ACCOUNT, f"/gpufleet/{cfg.stack}/")
+    pulls = registry.pull_statements(cfg.region, ACCOUNT, f"gpufleet-{cfg.stack}",
+                                     [rule.prefix for rule in cfg.pull_through])
+    doc = json.loads(inline.inputs["policy"])
+    assert doc["Statement"] == (policies.job_role_policy(bucket_arn, o["kmsKey"], parameters, o["vpcId"],
+                                                         cfg.region)["Statement"] + pulls)
+    (deny,) = [st for st in doc["Statement"] if st["Effect"] == "Deny"]
+    assert deny["Condition"]["StringNotEqualsIfExists"] == {"aws:SourceVpc": o["vpcId"]}
+    node_doc = json.loads(built.one(T["role_policy"], "-node").inputs["policy"])
+    assert [st for st in node_doc["Statement"] if "sts:AssumeRole" in st["Action"]] == [
+        {"Sid": "AssumeJobRole", "Effect": "Allow", "Action": "sts:AssumeRole", "Resource": o["jobRole"]}]
+    assert built.node_json()["aws"] == {"job_role_arn": o["jobRole"], "bucket": o["bucket"]}
+    # IAM takes a trust naming an existing role only; nodes launch once both roles' rights are in place
+    order = built.resources.index
+    profile = built.one("aws:iam/instanceProfile:InstanceProfile", "-node")
+    assert order(node_role) < order(role) < order(built.one(T["role_policy"], "-node")) < order(profile)
+    assert order(inline) < order(profile)
 
 
 def test_controller_identity_launches_only_the_stack_nodes(built):
@@ -720,8 +752,8 @@ def test_each_resource_belongs_to_one_concern(built):
 def test_outputs(built):
     o = built.outputs
     for key in ("bucket", "queueUrl", "dlqUrl", "controller", "controllerAddress", "dashboard", "logGroup", "kmsKey",
-                "nodeRole", "controllerRole", "launchTemplates", "region", "alertTopic", "vpcId", "subnetIds",
-                "metricNamespace", "mungeKeySecret", "sharedFileSystem", "registry"):
+                "nodeRole", "jobRole", "controllerRole", "launchTemplates", "region", "alertTopic", "vpcId",
+                "subnetIds", "metricNamespace", "mungeKeySecret", "sharedFileSystem", "registry"):
         assert o[key], key
     assert o["region"] == built.cfg.region
     assert o["queueUrl"].startswith(f"https://sqs.{built.cfg.region}.amazonaws.com/")

@@ -36,10 +36,10 @@ def test_table_shows_the_tree_ids_outputs_and_verdicts():
     assert "  [advisory/low] tags stack: no owner tag" in lines
     [cost] = [line for line in lines if line.startswith("Cost per month")]
     # the dev stack idle (the controller and the fixed items) and at full size (tests/infra/review/test_review_cost)
-    assert cost == "Cost per month (list prices of 2025-07-01): idle $297.48 / full $1,301.43; budget $3,000.00"
+    assert cost == "Cost per month (list prices of 2025-07-01): idle $319.38 / full $1,323.33; budget $3,000.00"
     narrow = report.table(doc, width=60).splitlines()
-    at = narrow.index("Cost per month (list prices of 2025-07-01): idle $297.48 /")
-    assert narrow[at + 1:at + 3] == ["  full $1,301.43", "  budget $3,000.00"]  # wrapped, the budget on its own
+    at = narrow.index("Cost per month (list prices of 2025-07-01): idle $319.38 /")
+    assert narrow[at + 1:at + 3] == ["  full $1,323.33", "  budget $3,000.00"]  # wrapped, the budget on its own
 
 
 def test_cost_line_in_cny_and_the_diff_cost_in_its_currency():

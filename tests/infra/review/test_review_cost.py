@@ -45,10 +45,10 @@ def test_the_prices_the_examples_rely_on():
     # the controllers: each cloud's default size, on demand
     assert [catalog.CONTROLLER_TYPES[n].price_hour for n in ("m6i.large", "Standard_D2s_v5", "S5.LARGE8")] == \
         [0.096, 0.096, 0.85]
-    # AWS: node root volume 200 GiB gp3 x $0.08 = $16.00; the controller's 50 GiB = $4.00; 10 interface endpoints
+    # AWS: node root volume 200 GiB gp3 x $0.08 = $16.00; the controller's 50 GiB = $4.00; 11 interface endpoints
     # at $0.01/h per AZ = $7.30 each (test_review_end_to_end checks these counts against what the stacks create)
     assert (cost.AWS_ROOT_VOLUME_GIB, cost.AWS_CONTROLLER_ROOT_GIB, cost.GP3_GB_MONTH) == (200, 50, 0.08)
-    assert (cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS, cost.SECRET_MONTH) == (10, 3, 0.40)
+    assert (cost.AWS_INTERFACE_ENDPOINTS, cost.AWS_QUEUE_MODE_AZS, cost.SECRET_MONTH) == (11, 3, 0.40)
     # Azure: node OS disk 256 GiB bills as P15 $38.02, the controller's 64 GiB as P6 $10.21; two premium NFS shares
     # of 100 GiB (the premium minimum) x $0.16; a private endpoint $0.01/h, a private DNS zone $0.50/month; the NAT
     # gateway $0.045/h (and $0.045 per GB processed: usage), its Standard static public IP $0.005/h
@@ -82,20 +82,20 @@ def test_the_share_sizes_and_counts_are_the_azure_stacks_own():
 def test_aws_spot_stack_idle_at_zero_nodes():
     est = cost.estimate(_cfg())
     # fixed: controller m6i.large 0.096 x 730 = 70.08, its root volume 50 x 0.08 = 4.00, the munge key's secret
-    # 0.40, KMS key 1.00, dashboard 3.00, 10 endpoints x 3 AZ x 0.01 x 730 = 219.00 -> 297.48
+    # 0.40, KMS key 1.00, dashboard 3.00, 11 endpoints x 3 AZ x 0.01 x 730 = 240.90 -> 319.38
     assert [(f["item"], f["quantity"], f["monthly_usd"]) for f in est["fixed"]] == [
         ("controller m6i.large (on-demand)", 1, 70.08), ("controller root volume 50 GiB gp3", 1, 4.00),
         ("Secrets Manager secret (munge key)", 1, 0.40), ("KMS customer managed key", 1, 1.00),
-        ("CloudWatch dashboard", 1, 3.00), ("interface VPC endpoints (10 services × 3 AZ)", 30, 219.00)]
-    assert est["fixed_monthly_usd"] == 297.48
+        ("CloudWatch dashboard", 1, 3.00), ("interface VPC endpoints (11 services × 3 AZ)", 33, 240.90)]
+    assert est["fixed_monthly_usd"] == 319.38
     (gpu,) = est["partitions"]
     assert (gpu["name"], gpu["always_on"], gpu["nodes_max"], gpu["purchase"], gpu["on_demand_base"]) == \
         ("gpu", 0, 4, "spot", 0)
     assert gpu["node_disk"] == {"item": "root volume 200 GiB gp3", "usd_month": 16.00}
     # idle: no always-on node; full: 4 spot nodes 4 x 0.3219 x 730 + 4 x 16 = 1003.948
     assert (gpu["idle_usd"], gpu["full_usd"]) == (0.0, 1003.95)
-    # idle is the controller and the fixed items only; full 297.48 + 1003.95
-    assert est["monthly_usd"] == {"idle": 297.48, "full": 1301.43}
+    # idle is the controller and the fixed items only; full 319.38 + 1003.95
+    assert est["monthly_usd"] == {"idle": 319.38, "full": 1323.33}
     # the stack's own VPC has its DNS firewall: $0.60 per million queries, usage (its 3 domain names: $0.0015)
     assert est["usage"] == [{"item": "EFS Standard storage (shared file system)", "unit": "GB-month",
                              "usd_each": 0.30},
@@ -103,9 +103,9 @@ def test_aws_spot_stack_idle_at_zero_nodes():
                              "usd_each": 0.60}]
     assert (est["currency"], est["hours_per_month"]) == ("USD", 730)
     assert (est["price_date"], est["price_region"], est["region"]) == (catalog.PRICE_DATE, "us-east-1", "eu-west-1")
-    # budget 3000: 1301.43 / 3000 = 43.38 %, headroom 1698.57
+    # budget 3000: 1323.33 / 3000 = 44.11 %, headroom 1676.67
     assert est["budget"] == {"monthly_usd": 3000.0, "within_when_idle": True, "within_at_full": True,
-                             "headroom_at_full_usd": 1698.57, "used_at_full_pct": 43.4}
+                             "headroom_at_full_usd": 1676.67, "used_at_full_pct": 44.1}
     assert "EFS" in est["excluded"] and "data transfer" in est["excluded"]
 
 
@@ -117,12 +117,12 @@ def test_aws_on_demand_gang_partition_always_on_over_budget_when_idle():
     # 4 on-demand nodes always on: 4 x 55.04 x 730 + 4 x 16 = 160780.80, idle and full alike
     assert (gpu["purchase"], gpu["idle_usd"], gpu["full_usd"]) == ("on-demand", 160780.80, 160780.80)
     assert gpu["prices"]["spot"]["basis"] == "primary type"
-    # every partition is a gang: one subnet, 10 endpoints x 1 AZ x 7.30 = 73.00; + 70.08 + 4.00 + 0.40 + 1.00 + 3.00
-    assert est["fixed_monthly_usd"] == 151.48
-    assert est["monthly_usd"] == {"idle": 160932.28, "full": 160932.28}
-    # 160932.28 > 150000: over budget already when idle, by 10932.28; 107.29 % used
+    # every partition is a gang: one subnet, 11 endpoints x 1 AZ x 7.30 = 80.30; + 70.08 + 4.00 + 0.40 + 1.00 + 3.00
+    assert est["fixed_monthly_usd"] == 158.78
+    assert est["monthly_usd"] == {"idle": 160939.58, "full": 160939.58}
+    # 160939.58 > 150000: over budget already when idle, by 10939.58; 107.29 % used
     assert est["budget"] == {"monthly_usd": 150000.0, "within_when_idle": False, "within_at_full": False,
-                             "headroom_at_full_usd": -10932.28, "used_at_full_pct": 107.3}
+                             "headroom_at_full_usd": -10939.58, "used_at_full_pct": 107.3}
 
 
 def test_aws_partitions_each_priced_by_their_own_types_base_and_purchase():
@@ -140,10 +140,10 @@ def test_aws_partitions_each_priced_by_their_own_types_base_and_purchase():
     # idle: dev-1 is always on and on demand (the base): 1.006 x 730 + 16 = 750.38
     # full: dev-1 on demand, dev-2 and dev-3 spot: (1.006 + 2 x 0.3219) x 730 + 3 x 16 = 1252.354
     assert (dev["always_on"], dev["on_demand_base"], dev["idle_usd"], dev["full_usd"]) == (1, 1, 750.38, 1252.35)
-    # not every partition is a gang: 3 AZs, fixed 297.48 as in the single-partition example
-    assert est["fixed_monthly_usd"] == 297.48
-    # idle 297.48 + 0 + 750.38; full 297.48 + 80390.40 + 1252.35
-    assert est["monthly_usd"] == {"idle": 1047.86, "full": 81940.23}
+    # not every partition is a gang: 3 AZs, fixed 319.38 as in the single-partition example
+    assert est["fixed_monthly_usd"] == 319.38
+    # idle 319.38 + 0 + 750.38; full 319.38 + 80390.40 + 1252.35
+    assert est["monthly_usd"] == {"idle": 1069.76, "full": 81962.13}
     assert (est["budget"]["within_when_idle"], est["budget"]["within_at_full"]) == (True, False)
 
 
@@ -153,7 +153,7 @@ def test_aws_all_gang_partitions_use_one_az_of_endpoints():
         {"name": "b", "instanceTypes": ["g5.xlarge"], "nodes": {"max": 1}, "gang": True}))
     endpoints = est["fixed"][-1]
     assert (endpoints["item"], endpoints["quantity"], endpoints["monthly_usd"]) == \
-        ("interface VPC endpoints (10 services × 1 AZ)", 10, 73.00)
+        ("interface VPC endpoints (11 services × 1 AZ)", 11, 80.30)
 
 
 def test_existing_network_has_no_endpoint_charge():
@@ -168,7 +168,7 @@ def test_a_larger_controller_costs_its_own_rate():
     est = cost.estimate(_cfg(controller={"instanceType": "m6i.xlarge"}))
     assert est["fixed"][0] == {"item": "controller m6i.xlarge (on-demand)", "quantity": 1,
                                "usd_month_each": 140.16, "monthly_usd": 140.16}   # 0.192 x 730
-    assert est["monthly_usd"]["idle"] == 367.56                # 297.48 - 70.08 + 140.16
+    assert est["monthly_usd"]["idle"] == 389.46                # 319.38 - 70.08 + 140.16
 
 
 def test_azure_stack_prices_the_controller_the_files_shares_the_nat_gateway_and_the_node_disk_tier():

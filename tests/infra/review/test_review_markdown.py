@@ -108,18 +108,18 @@ def test_two_partitions_two_rows_with_their_own_prices_and_base():
     # the figures of test_review_cost.test_aws_partitions_each_priced_by_their_own_types_base_and_purchase
     assert ("| `train` (on-demand) | 0 / 2 | `p5.48xlarge` $55.04/h | `p5.48xlarge` $33.024/h | $0.00 | "
             "$80,390.40 |\n| `dev` (spot) | 1 / 3 | `g5.xlarge` $1.006/h | `g6.xlarge` $0.3219/h | $750.38 | "
-            "$1,252.35 |\n| controller and fixed items | | | | $297.48 | $297.48 |\n"
-            "| **this stack** | | | | **$1,047.86** | **$81,940.23** |") in text
+            "$1,252.35 |\n| controller and fixed items | | | | $319.38 | $319.38 |\n"
+            "| **this stack** | | | | **$1,069.76** | **$81,962.13** |") in text
     assert "- `train`: on-demand at the primary type; each node also carries" in text
     assert ("- `dev`: the first 1 node(s) on-demand at the primary type, the rest spot at the cheapest of the "
             "listed types (planning ratio to on-demand); each node") in text
-    assert "- budget $90,000.00/month: ✅ within budget at full size (91.0% used at full size, headroom +$8,059.77)" \
+    assert "- budget $90,000.00/month: ✅ within budget at full size (91.1% used at full size, headroom +$8,037.87)" \
         in text
 
 
 @pytest.mark.parametrize("budget,state", [
-    (1000, "❌ over budget when idle"),                # idle 1047.86 > 1000
-    (50000, "⚠️ over budget at full size"),            # idle within, full 81940.23 over
+    (1000, "❌ over budget when idle"),                # idle 1069.76 > 1000
+    (50000, "⚠️ over budget at full size"),            # idle within, full 81962.13 over
 ])
 def test_budget_line_says_when_the_stack_is_over(budget, state):
     est = _estimate({"gpufleet:budgetMonthlyUsd": budget, "gpufleet:partitions": [
