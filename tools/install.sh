@@ -2,7 +2,8 @@
 # make tools: install the programs the tests and the demo run, skipping every one already present.
 #   Debian packages (apt-get, as root): packer (validate only; bakes need HashiCorp's >= 1.10), shellcheck,
 #   cloud-init, jq, curl, systemd (systemd-analyze), docker.io, Slurm 22.05 (slurmctld, slurmd, slurm-client),
-#   munge, slurmdbd and mariadb-server (Slurm accounting), npm; Azurite from npm into node_modules/.
+#   munge, slurmdbd and mariadb-server (Slurm accounting), iptables and iproute2 (the image's metadata filter, run
+#   in a network namespace of its own), npm; Azurite from npm into node_modules/.
 # Each is looked for by the program the tests run: dockerd, not the docker CLI some machines ship without it.
 # apt-get waits (up to 10 minutes) for another apt-get or dpkg to finish. While it installs, a policy-rc.d keeps
 # the packages from starting their daemons (the tests start their own), unless the machine already has one.
@@ -14,7 +15,7 @@ cd "${BASH_SOURCE[0]%/*}/.."
 # program that shows the package is present : Debian package that installs it
 DEBIAN=(packer:packer shellcheck:shellcheck cloud-init:cloud-init jq:jq curl:curl
         systemd-analyze:systemd dockerd:docker.io slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
-        munged:munge slurmdbd:slurmdbd mariadbd:mariadb-server npm:npm)
+        munged:munge slurmdbd:slurmdbd mariadbd:mariadb-server iptables:iptables ip:iproute2 npm:npm)
 AZURITE=node_modules/.bin/azurite
 LOG="${TMPDIR:-/tmp}/gpufleet-tools.log"
 POLICY_RC=/usr/sbin/policy-rc.d   # asked by invoke-rc.d and deb-systemd-invoke before a start; 101: do not

@@ -1,4 +1,5 @@
-"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup`: the command boundary.
+"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup|credentials`: the command
+boundary.
 
 A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
 runtime fault the clouds can name (an endpoint refusing connections) one line and exit 1; Ctrl-C exits
@@ -24,6 +25,7 @@ COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "nodes": "trainer.slurm.nodes",
     "task": "trainer.slurm.task",
     "setup": "trainer.slurm.setup",
+    "credentials": "trainer.node.jobcreds",
 }
 
 

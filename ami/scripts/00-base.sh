@@ -9,7 +9,8 @@ apt-get update -q
 if [ "$GPUFLEET_CLOUD" != azure ]; then
   apt-get -y -q -o Dpkg::Options::=--force-confold dist-upgrade
 fi
-apt_install jq curl ca-certificates gnupg build-essential dkms pciutils mdadm nvme-cli xfsprogs python3-venv
+# iptables: gpufleet-imds-root-only (the metadata service answers only root on AWS nodes).
+apt_install jq curl ca-certificates gnupg build-essential dkms pciutils mdadm nvme-cli xfsprogs python3-venv iptables
 
 [ "$(manifest .ubuntu.codename)" = "$(. /etc/os-release && echo "$VERSION_CODENAME")" ] ||
   die "base image is not Ubuntu $(manifest .ubuntu.release)"

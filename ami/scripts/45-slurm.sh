@@ -2,7 +2,8 @@
 # Slurm and MUNGE, one pinned version of each for the controller and every node (ami/versions.json), built from
 # their verified release tarballs into /usr/local; the accounts with fixed ids (munge, slurm, and gpufleet, the
 # user jobs run as); their systemd units, enabled by no one: `gpufleet-trainer setup node|controller` writes the
-# munge key and the daemons' settings at boot, then starts them. Slurm's power saving programs for the controller.
+# munge key and the daemons' settings at boot, then starts them. Slurm's power saving programs for the controller;
+# the nodes' Prolog, Epilog and TaskProlog.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -86,5 +87,10 @@ for action in resume suspend resume-fail; do
   install -m 0755 /tmp/gpufleet-ami/files/gpufleet-power.sh "/usr/local/sbin/gpufleet-$action"
 done
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-task-prolog.sh /usr/local/sbin/gpufleet-task-prolog
+# Slurm's Prolog and Epilog on the nodes: each job's own credentials (AWS), granted and revoked (one script, its
+# name saying which).
+for program in prolog epilog; do
+  install -m 0755 /tmp/gpufleet-ami/files/gpufleet-job-credentials.sh "/usr/local/sbin/gpufleet-$program"
+done
 systemctl daemon-reload
 log "munge $munge_version and slurm $slurm_version in /usr/local; units installed, started at boot by setup"

@@ -28,10 +28,14 @@ ln -sfn "$venv/bin/gpufleet-trainer" /usr/local/bin/gpufleet-trainer
 install -d -m 0755 /etc/gpufleet /var/log/gpufleet
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-scratch.sh /usr/local/sbin/gpufleet-scratch
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-node-config.sh /usr/local/sbin/gpufleet-node-config
+install -m 0755 /tmp/gpufleet-ami/files/gpufleet-imds-root-only.sh /usr/local/sbin/gpufleet-imds-root-only
 install -m 0644 /tmp/gpufleet-ami/systemd/gpufleet-*.service /etc/systemd/system/
 systemctl daemon-reload
 # Scratch is assembled on every boot. User-data enables the rest once it wrote the settings: gpufleet-node (a Slurm
 # GPU node: munge, slurmd and its notice watcher, gpufleet-watch@NAME) or gpufleet-controller (munge, slurmctld, the
 # bridge, the healer); both run gpufleet-node-config first.
 systemctl enable gpufleet-scratch.service
+# A GPU node of an AWS stack (node.json names the cloud; on other clouds and on the controller both skip themselves):
+# the metadata service answers only root, and each job's own credentials are served on loopback, before slurmd.
+systemctl enable gpufleet-imds.service gpufleet-credentials.service
 log "trainer $installed in $venv; units installed"

@@ -27,9 +27,9 @@ trainer_python="$(manifest .trainer.venv)/bin/python"
 torch_cuda="$("$trainer_python" -c 'import torch; assert torch.cuda.is_available(); print(torch.version.cuda)')"
 check torch_cuda "$torch_cuda" "$(manifest .trainer.torch_cuda)"
 check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
-# What the image starts: the units (setup, the bridge, the watcher and healer), Slurm's power saving programs
-# (nodes) and every job's batch script (task).
-for command in setup controller nodes task; do
+# What the image starts: the units (setup, the bridge, the watcher and healer, job credentials), Slurm's power saving
+# programs (nodes), Prolog and Epilog (credentials) and every job's batch script (task).
+for command in setup controller nodes task credentials; do
   "$trainer_python" -m trainer "$command" --help >/dev/null || die "python -m trainer $command does not start"
 done
 check slurm "$("$(manifest .slurm.prefix)/sbin/slurmd" -V | awk '{print $2}')" "$(manifest .slurm.version)"
@@ -39,6 +39,12 @@ check gpufleet_uid "$(id -u gpufleet)" "$(manifest .accounts.gpufleet.uid)"
 for unit in munge slurmd slurmctld; do
   ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
 done
+# On an AWS node the metadata service answers only root and each job gets credentials of its own, before slurmd
+# starts (both units skip themselves on the other clouds and the controller).
+for unit in gpufleet-imds gpufleet-credentials; do
+  systemctl is-enabled --quiet "$unit.service" || die "$unit.service is not enabled: jobs would hold the node's identity"
+done
+command -v iptables >/dev/null || die "iptables is missing: gpufleet-imds-root-only needs it (00-base.sh)"
 # The stacks' shared file systems are NFS on every cloud (Tencent's CFS directly; efs-utils and aznfs through it).
 [ -x /sbin/mount.nfs ] || die "/sbin/mount.nfs is missing: the shared file system mounts need it (33-nfs-common.sh)"
 check nfs_common "$(dpkg-query -W -f '${Version}' nfs-common | sed 's/^[0-9]*://')" "$(manifest .nfs_common.version)"

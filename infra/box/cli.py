@@ -40,7 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         if name == "up":
             p.add_argument("--nodes", type=_count, default=lay.DEFAULT_NODES, help="CLOUD nodes of the box (1-16)")
             p.add_argument("--port", type=_port, default=0,
-                           help="slurmctld's port; slurmd's and each node's follow it (0: free ports)")
+                           help="slurmctld's port; slurmd's, each node's and each node's job credentials "
+                                "endpoint's follow it (0: free ports)")
             p.add_argument("--stack", default="dev", help="the stack whose bucket and queues the account gets")
         if name == "notice":
             p.add_argument("node", help="the node's name (`gpufleet box status` lists them)")
@@ -112,7 +113,7 @@ def start(root: Path, nodes: int = lay.DEFAULT_NODES, port: int = 0, stack: str 
     if state is not None:
         raise UsageError(f"box: a box is already running in {root} (pid {state['pid']}); `gpufleet box down` first")
     layout = lay.Layout(root, nodes)
-    need = 2 + nodes
+    need = len(layout.ports())
     if port:
         taken = [p for p in range(port, port + need) if not _port_free(p)]
         if taken:

@@ -8,6 +8,7 @@ in ``/tmp/gpufleet-box-<digest of the directory>/`` (munge's socket, slurmd's sp
     munge/             the box's munge key, pid and log (munged of its own)
     slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, logs,
                        job output
+    credentials/<name>/ each node's job credentials: grants and tokens (trainer.node.jobcreds; the Prolog writes them)
     nodes/<name>/      each node's notice file (``gpufleet box notice``) and its jobs' files
     bridge/env/        the env values of the jobs the bridge submitted (records show names only)
 """
@@ -31,6 +32,7 @@ SUSPEND_TIME_S = 60        # idle nodes power down after a minute
 CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)
 KILL_WAIT_S = 30
 SLURMD_TIMEOUT_S = 20      # a node silent this long is DOWN and its jobs requeued
+REPO_AMI = Path(__file__).resolve().parents[2] / "ami"  # the images' files the box runs as they are
 MIN_JOB_AGE_S = 60         # an ended job leaves squeue after this (the bridge then reads accounting)
 
 
@@ -106,10 +108,16 @@ class Layout:
         return self.root / "nodes" / node / "notice"
 
     def ports(self) -> dict[str, int]:
-        """slurmctld's port, slurmd's default and one per node, consecutive from slurmctld's."""
-        base = self.slurmctld_port
-        return {"slurmctld": base, "slurmd": base + 1,
-                **{n: base + 2 + i for i, n in enumerate(self.node_names())}}
+        """slurmctld's port, slurmd's default, one per node and one per node's job credentials endpoint
+        (``credentials <node>``), consecutive from slurmctld's."""
+        base, names = self.slurmctld_port, self.node_names()
+        return {"slurmctld": base, "slurmd": base + 1, **{n: base + 2 + i for i, n in enumerate(names)},
+                **{f"credentials {n}": base + 2 + len(names) + i for i, n in enumerate(names)}}
+
+    def credentials_dir(self, node: str) -> Path:
+        """A node's job credentials' grants and tokens (trainer.node.jobcreds), as /run/gpufleet/credentials on a
+        node: each node has its own, as each has its own endpoint."""
+        return self.root / "credentials" / node
 
     def program(self, name: str) -> Path:
         return self.slurm / "bin" / name
@@ -127,13 +135,13 @@ def cluster(layout: Layout) -> Cluster:
         run_dir=str(layout.run_dir),
         programs={p: str(layout.program(p)) for p in ("resume", "suspend", "resume_fail")},
         cloud="local", slurmctld_port=ports["slurmctld"], slurmd_port=ports["slurmd"],
-        slurm_user=_user(), munge_socket=str(layout.munge_socket), cred_expire_s=CRED_EXPIRE_S,
+        slurm_user=box_user(), munge_socket=str(layout.munge_socket), cred_expire_s=CRED_EXPIRE_S,
         suspend_time_s=SUSPEND_TIME_S, suspend_timeout_s=10, resume_timeout_s=120,
         slurmd_timeout_s=SLURMD_TIMEOUT_S, kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S, fast_scheduling=True,
-        local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()})
+        local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()}, job_programs=job_programs(layout))
 
 
-def _user() -> str:
+def box_user() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
@@ -145,6 +153,37 @@ def program_script(python: str, action: str, nodes_config: Path, slurm_conf: Pat
             f"# slurmctld's {action} program for the box\n"
             f"SLURM_CONF={shlex.quote(str(slurm_conf))} exec {shlex.quote(python)} -m trainer nodes {action} \"$1\" "
             f"--config {shlex.quote(str(nodes_config))} >>{shlex.quote(str(log))} 2>&1\n")
+
+
+def job_programs(layout: Layout) -> dict[str, str]:
+    """The box's Prolog, Epilog and TaskProlog (trainer.slurm.conf's job_programs)."""
+    return {p: str(layout.program(p)) for p in ("prolog", "epilog", "task_prolog")}
+
+
+def job_program_scripts(layout: Layout, python: str, env: dict[str, str], bridge_user: str,
+                        bucket: str) -> dict[str, str]:
+    """What the box's job programs run: ``trainer credentials prolog|epilog`` with the node's own credentials (the
+    account's: the environment ``env`` names, since slurmd gives a Prolog none), and the images' TaskProlog
+    with the node's directory and endpoint (slurmd names the node: SLURMD_NODENAME). A Prolog that fails is logged
+    and ends 0: Slurm would drain the node."""
+    keep = {k: v for k, v in env.items() if k.startswith("AWS_") or k in ("SLURM_CONF", "PYTHONPATH", "PATH")}
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(keep.items()))
+    log = shlex.quote(str(layout.log_dir / "credentials.log"))
+    cred = f"{shlex.quote(python)} -m trainer credentials"
+    task_prolog = shlex.quote(str(REPO_AMI / "files" / "gpufleet-task-prolog.sh"))
+    nodes = "".join(
+        f"  {shlex.quote(n)}) directory={shlex.quote(str(layout.credentials_dir(n)))}; "
+        f"endpoint=http://127.0.0.1:{layout.ports()[f'credentials {n}']}/v1/credentials ;;\n"
+        for n in layout.node_names())
+    node = f'case "${{SLURMD_NODENAME:-}}" in\n{nodes}  *) exit 0 ;;\nesac\n'
+    return {
+        "prolog": (f"#!/bin/sh\n# Slurm's Prolog for the box: the job's own credentials on this node\n{node}{exports}"
+                   f'{cred} prolog --dir "$directory" --bridge-user {shlex.quote(bridge_user)} --bucket '
+                   f"{shlex.quote(bucket)} --region {shlex.quote(env['AWS_DEFAULT_REGION'])} >>{log} 2>&1\nexit 0\n"),
+        "epilog": f'#!/bin/sh\n{node}{exports}{cred} epilog --dir "$directory" >>{log} 2>&1\nexit 0\n',
+        "task_prolog": ("#!/bin/sh\n# Slurm's TaskProlog for the box: the images' own, with this node's directory and "
+                        f'endpoint\n{node}exec /bin/bash {task_prolog} /nonexistent "$directory" "$endpoint"\n'),
+    }
 
 
 def nodes_config(layout: Layout, python: str, imds: dict[str, str]) -> dict:

@@ -12,6 +12,7 @@ moto, and anything left below this process; then state.json is removed.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from infra.box import layout as lay
 from infra.demo.account import CREDENTIALS, REPO, Account, become_subreaper, descendants, preview_document
@@ -30,6 +32,7 @@ from infra.demo.imds import FakeImds
 log = logging.getLogger("gpufleet.box")
 
 READY_TIMEOUT_S = 30.0
+ACCOUNT_ID = "123456789012"  # moto's
 BOX_ID = "GPUFLEET_BOX_ID"  # in the environment of every process of a box (how `down` finds them all)
 
 
@@ -73,6 +76,8 @@ class Supervisor:
         self.write_slurm(L)
         self.start_controller()
         self.wait_controller()
+        for _, start in self.credentials_starters():
+            start()
         self.start_bridge()
         self.start_heal()
         state = {"pid": os.getpid(), "dir": str(L.root), "stack": self.stack, "endpoint": self.account.endpoint,
@@ -114,6 +119,10 @@ class Supervisor:
         (L.slurm / "gres.conf").write_text(render_gres_conf(cluster))
         L.nodes_config.write_text(json.dumps(lay.nodes_config(L, self.python, {
             n: i.endpoint for n, i in self.imds.items()}), indent=2))
+        for program, text in lay.job_program_scripts(L, self.python, self.env(), lay.box_user(),
+                                                         self.account.res.bucket_name).items():
+            L.program(program).write_text(text)
+            L.program(program).chmod(0o755)
         for action, program in (("resume", "resume"), ("suspend", "suspend"), ("resume-fail", "resume_fail")):
             path = L.program(program)
             path.write_text(lay.program_script(self.python, action, L.nodes_config, L.slurm_conf,
@@ -142,6 +151,18 @@ class Supervisor:
             "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace,
             "--env-dir", str(L.bridge_env)])
 
+    def start_credentials(self, node: str) -> None:
+        """A node's job credentials endpoint (on a node: gpufleet-credentials.service, as root), which issues each
+        job there the stack's job role through the account's STS."""
+        L, r = self.layout, self.account.res
+        self.procs[f"credentials {node}"] = self._spawn(f"credentials-{node}", [
+            self.python, "-m", "trainer", "credentials", "serve", "--dir", str(L.credentials_dir(node)),
+            "--port", str(L.ports()[f"credentials {node}"]), "--bucket", r.bucket_name, "--region", r.region,
+            "--role-arn", f"arn:aws:iam::{ACCOUNT_ID}:role/{self.stack}-job"])
+
+    def credentials_starters(self) -> list[tuple[str, Callable[[], None]]]:
+        return [(f"credentials {n}", functools.partial(self.start_credentials, n)) for n in self.layout.node_names()]
+
     def start_heal(self) -> None:
         """The healer of DOWN nodes (as Slurm's administrator: this box's SlurmUser is the user running it)."""
         self.procs["heal"] = self._spawn("heal", [
@@ -168,7 +189,7 @@ class Supervisor:
                 with imds._lock:
                     imds.items.pop("meta-data/spot/instance-action", None)
         for name, start in (("slurmctld", self.start_controller), ("bridge", self.start_bridge),
-                            ("heal", self.start_heal)):
+                            ("heal", self.start_heal), *self.credentials_starters()):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None and not self.stopping:
                 log.warning("%s exited (%s); starting it again", name, proc.returncode)
@@ -200,7 +221,7 @@ class Supervisor:
                     .suspend(self.layout.node_names())
             except Exception as exc:
                 log.warning("stopping the nodes: %s", exc)
-        for name in ("slurmctld", "munged"):
+        for name in ("slurmctld", *(name for name, _ in self.credentials_starters()), "munged"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 proc.terminate()

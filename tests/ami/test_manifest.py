@@ -107,8 +107,9 @@ def test_no_version_is_written_outside_the_manifest(manifest):
         text = path.read_text()
         for value in values:
             assert not re.search(rf"(?<![\w.]){re.escape(value)}(?![\w.])", text), f"{path.name} hard-codes {value}"
-        if path.suffix == ".sh":
-            assert not re.search(r"\b\d+\.\d+\.\d+\b", text), f"{path.name} has a version literal"
+        if path.suffix == ".sh":  # an IPv4 address (the metadata service's) is no version
+            code = re.sub(r"(?<![\w.])\d{1,3}(\.\d{1,3}){3}(?![\w.])", "", text)
+            assert not re.search(r"\b\d+\.\d+\.\d+\b", code), f"{path.name} has a version literal"
 
 
 def test_every_manifest_lookup_resolves(manifest):

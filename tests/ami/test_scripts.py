@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -162,21 +165,98 @@ def test_scratch_skips_used_disks_and_works_without_any():
     assert "chmod 1733 /mnt/scratch/jobs" in plan  # each job's scratch: its own, unlisted by the others
 
 
-def test_docker_run_passes_gpus_memlock_and_nccl_settings(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    (fake / "docker").chmod(0o755)
-    result = bash(f"{AMI / 'files' / 'gpufleet-docker-run.sh'} img:1 python -m trainer train",
-                  path_prefix=f"{fake}:")
+FAKE_DOCKER = ('#!/bin/sh\nprintf "%s\\n" "$@"\n'
+               'echo "env: ${AWS_CONTAINER_CREDENTIALS_FULL_URI:-} ${AWS_CONTAINER_AUTHORIZATION_TOKEN:-}"\n')
+
+
+def docker_run_args(script: Path = AMI / "files" / "gpufleet-docker-run.sh", env: dict | None = None,
+                    user: int | None = None) -> list[str]:
+    """gpufleet-docker-run's docker argv for `img:1 python -m trainer train`, printed one a line by a fake docker
+    (which then prints the credentials variables it was given), as USER (setpriv) if given. The fake sits in a
+    folder every user can reach, so no user's PATH finds a real docker first."""
+    fake = Path(tempfile.mkdtemp(prefix="gpufleet-fake-docker-"))
+    try:
+        fake.chmod(0o755)
+        (fake / "docker").write_text(FAKE_DOCKER)
+        (fake / "docker").chmod(0o755)
+        as_user = [] if user is None else [require("setpriv"), "--reuid", str(user), "--regid", str(user),
+                                           "--clear-groups"]
+        result = subprocess.run([*as_user, "bash", str(script), "img:1", "python", "-m", "trainer", "train"],
+                                capture_output=True, text=True, timeout=30, cwd="/",
+                                env={"PATH": f"{fake}:/usr/bin:/bin", **(env or {})})
+    finally:
+        shutil.rmtree(fake)
     assert result.returncode == 0, result.stderr
-    args = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def option_values(args: list[str], option: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == option]
+
+
+def test_docker_run_passes_gpus_memlock_and_nccl_settings():
+    args = docker_run_args()
     assert args[:3] == ["run", "--gpus", "all"]
     assert "--ulimit" in args and "memlock=-1:-1" in args
     assert args[args.index("--env-file") + 1] == "/etc/gpufleet/container.env"
-    assert args[-5:] == ["img:1", "python", "-m", "trainer", "train"]
+    assert args[-6:] == ["img:1", "python", "-m", "trainer", "train", "env:  "]
     infiniband = sorted(str(p) for p in Path("/dev/infiniband").glob("*") if p.is_char_device())
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--device"] == infiniband
+    assert option_values(args, "--device") == infiniband
+
+
+def test_docker_run_is_hardened_as_the_runtimes_containers_are():
+    """As trainer.node.runner.docker_argv: never root (nobody where the caller is root), every capability dropped, no
+    new privileges; the caller's own uid:gid otherwise."""
+    from trainer.node.runner import NOBODY, NodeFacts, docker_argv
+
+    args = docker_run_args()
+    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else NOBODY
+    assert option_values(args, "--user") == [f"{uid}:{gid}"]
+    assert option_values(args, "--cap-drop") == ["ALL"]
+    assert option_values(args, "--security-opt") == ["no-new-privileges"]
+    if not any(p.is_char_device() for p in Path("/dev/infiniband").glob("*")):
+        assert "--cap-add" not in args
+    runtime = docker_argv("n", "img:1", ["true"], {}, NodeFacts("aws", 0), None, "/c", 30, "1000:1000", "/s")
+    for option in ("--cap-drop", "--security-opt"):
+        assert option_values(runtime, option) == option_values(args, option)
+    if os.getuid() == 0:  # a user of the node's: its own ids
+        assert option_values(docker_run_args(user=4321), "--user") == ["4321:4321"]
+
+
+@pytest.mark.parametrize("driver, ipc_lock", [("mlx5_core", True), ("efa", False)])
+def test_docker_run_keeps_ipc_lock_for_infiniband_but_not_for_efa(tmp_path, driver, ipc_lock):
+    """Azure's InfiniBand (mlx5) gets IPC_LOCK back, as the runner's containers do; EFA's devices do not need it.
+    The helper's /dev/infiniband and /sys/class/infiniband are the test's (character devices need root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the fake /dev/infiniband holds character devices (mknod)")
+    dev, sys_ib = tmp_path / "dev-infiniband", tmp_path / "sys-infiniband"
+    dev.mkdir()
+    for i, name in enumerate(("uverbs0", "uverbs1", "rdma_cm")):
+        os.mknod(dev / name, 0o600 | stat.S_IFCHR, os.makedev(231, i))
+    (dev / "not-a-device").write_text("")
+    (tmp_path / "drivers" / driver).mkdir(parents=True)
+    (sys_ib / "dev0" / "device").mkdir(parents=True)
+    (sys_ib / "dev0" / "device" / "driver").symlink_to(tmp_path / "drivers" / driver)
+    text = (AMI / "files" / "gpufleet-docker-run.sh").read_text()
+    assert "/dev/infiniband/*" in text and "/sys/class/infiniband/*" in text
+    script = tmp_path / "gpufleet-docker-run"
+    script.write_text(text.replace("/dev/infiniband", str(dev)).replace("/sys/class/infiniband", str(sys_ib)))
+    args = docker_run_args(script)
+    assert option_values(args, "--device") == [str(dev / n) for n in ("rdma_cm", "uverbs0", "uverbs1")]
+    assert option_values(args, "--cap-add") == (["IPC_LOCK"] if ipc_lock else [])
+    assert option_values(args, "--cap-drop") == ["ALL"]
+
+
+def test_docker_run_passes_the_jobs_own_credentials_by_name():
+    """The task's AWS_CONTAINER_* (gpufleet-task-prolog's) go on to the container by name: the token in no argv."""
+    token = "4242." + "t" * 43
+    env = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://127.0.0.1:51680/v1/credentials",
+           "AWS_CONTAINER_AUTHORIZATION_TOKEN": token}
+    args = docker_run_args(env=env)
+    assert option_values(args, "--env") == ["AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"]
+    assert args[-1] == f"env: http://127.0.0.1:51680/v1/credentials {token}"  # docker has the values itself
+    assert not any(token in a for a in args[:-1])
+    assert "--env" not in docker_run_args()  # no credentials of its own: nothing passed
 
 
 def test_scratch_is_assembled_before_a_node_joins_slurm():

@@ -24,7 +24,8 @@ class Build:
         self.root, self.stubs, self.state = tmp_path / "root", tmp_path / "bin", tmp_path / "state"
         self.state.mkdir(parents=True)
         r, m = self.root, manifest
-        self.enabled = {"nvidia-dcgm.service", "docker.service"}
+        self.enabled = {"nvidia-dcgm.service", "docker.service", "gpufleet-imds.service",
+                        "gpufleet-credentials.service"}
         self.held = {"linux-image-6.8.0-1021-aws", "nfs-common", "libnfsidmap1"}
         self.config = r / "opt/microsoft/aznfs/data/config"
         self.ca_file = r / "etc/ssl/certs/DigiCert_Global_Root_G2.pem"
@@ -39,6 +40,7 @@ class Build:
             "libnccl2": m["nccl"]["apt_pin"], m["dcgm"]["package"]: f"1:{m['dcgm']['version']}-1",
             "nfs-common": f"1:{m['nfs_common']['version']}-1ubuntu1.2", "stunnel4": "3:5.63-1build1"}
         self.trainer_commands_missing: set[str] = set()
+        self.iptables = True
         (r / "etc/gpufleet").mkdir(parents=True)
         stub(r / "sbin", "mount.nfs", "exit 0\n")
         stub(r / "venv/bin", "python", "")  # written in run()
@@ -97,6 +99,8 @@ class Build:
         (s / "held").write_text("".join(f"{p}\n" for p in sorted(self.held)))
         stub(s, "apt-mark", f'[ "$1" = showhold ] && cat {s}/held\n')
         stub(s, "dcgmi", "exit 0\n")
+        if self.iptables:  # (/usr/sbin is not on the test's PATH)
+            stub(s, "iptables", "exit 0\n")
         dpkg_query(s, self.versions)
         script = stage(tmp_path, "99-validate.sh", PATHS)
         return run(script, self.cloud, manifest_copy(tmp_path, **self.manifest_changes), s)
@@ -118,7 +122,8 @@ def test_a_good_build_passes_and_records_what_it_saw(tmp_path, manifest, cloud):
         assert seen["aznfs"] == manifest["aznfs"]["version"] and seen["stunnel"] == "3:5.63-1build1"
     else:
         assert "aznfs" not in seen
-    assert sorted((tmp_path / "state/trainer").read_text().split()) == ["controller", "nodes", "setup", "task"]
+    assert sorted((tmp_path / "state/trainer").read_text().split()) == ["controller", "credentials", "nodes", "setup",
+                                                                         "task"]
 
 
 def test_an_aznfs_of_another_version_fails_the_azure_build(tmp_path, manifest):
@@ -182,12 +187,31 @@ def test_nfs_common_must_be_held(tmp_path, manifest):
     assert result.returncode == 1 and "nfs-common is not held" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["setup", "controller", "nodes", "task"])
+@pytest.mark.parametrize("command", ["setup", "controller", "nodes", "task", "credentials"])
 def test_a_trainer_without_a_command_the_image_starts_fails_the_build(tmp_path, manifest, command):
     build = Build(tmp_path, manifest, "tencent")
     build.trainer_commands_missing.add(command)
     result = build.run(tmp_path)
     assert result.returncode == 1 and f"python -m trainer {command} does not start" in result.stderr
+
+
+@pytest.mark.parametrize("cloud", ["aws", "azure", "tencent"])
+@pytest.mark.parametrize("unit", ["gpufleet-imds.service", "gpufleet-credentials.service"])
+def test_a_build_without_the_job_credentials_units_enabled_fails(tmp_path, manifest, cloud, unit):
+    """Enabled on every image (each skips itself off AWS): a build whose AWS nodes would let jobs hold the node's
+    identity fails."""
+    build = Build(tmp_path, manifest, cloud)
+    build.enabled.discard(unit)
+    result = build.run(tmp_path)
+    assert result.returncode == 1
+    assert f"{unit} is not enabled: jobs would hold the node's identity" in result.stderr
+
+
+def test_a_build_without_iptables_fails(tmp_path, manifest):
+    build = Build(tmp_path, manifest, "aws")
+    build.iptables = False
+    result = build.run(tmp_path)
+    assert result.returncode == 1 and "iptables is missing: gpufleet-imds-root-only needs it" in result.stderr
 
 
 def test_mount_aznfs_is_checked_on_azure_only():

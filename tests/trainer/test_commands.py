@@ -127,6 +127,7 @@ def test_a_refused_azure_endpoint_is_a_fault_in_one_line():
     ([1, 2], "expected a JSON object, got a list"),
     ({"asg_name": ""}, "node.asg_name: expected a non-empty string"),
     ({"cloud": "gcp"}, "node.cloud: 'gcp' is not one of aws, azure"),
+    ({"aws": {"job_role_arn": "arn:aws:iam::123456789012:role/job"}}, "node.aws: missing bucket"),
     ("dir", "cannot read it (Is a directory)"),
 ])
 def test_a_bad_node_json_is_one_line_in_preflight(content, message, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from dataclasses import replace
 
 import boto3
 import pytest
@@ -220,3 +221,38 @@ def test_list_reads_the_index_and_scan_reads_the_records(tmp_path):
     shard = json.loads(rs.store.read_bytes(records.index_key("j3")))
     older = {**rs.get("j3"), "rev": 0, "state": "queued"}
     assert records._indexed(shard, older) == shard
+
+
+def test_a_jobs_task_writes_no_index_and_the_bridge_copies_its_running_progress_in(tmp_path):
+    """A job's credentials reach its own prefix only (trainer.clouds.aws_credentials): an index shard holds other
+    jobs' entries, whose cancels and Slurm ids the bridge acts on, so the task writes its record alone and the
+    bridge copies a running job's progress into the index, once every progress interval."""
+    from trainer.slurm import batch
+    from trainer.slurm.bridge import Bridge
+    from trainer.slurm.client import SlurmJob
+
+    clock = Clock()
+    bridge_side = RecordStore(LocalStore(tmp_path), clock=clock, progress_every_s=30)
+    bridge_side.create(Job("run1").to_dict())
+    bridge_side.update("run1", lambda rec: records.claim(rec, {"nodes": ["n"]}, clock()))
+    task_side = RecordStore(LocalStore(tmp_path), clock=clock, progress_every_s=0, index=False)
+    before = LocalStore(tmp_path).read_bytes(records.index_key("run1"))
+    task_side.progress("run1", {"step": 7, "total": 10})
+    assert LocalStore(tmp_path).read_bytes(records.index_key("run1")) == before  # the task left the index alone
+    assert bridge_side.get("run1")["progress"]["step"] == 7 and not bridge_side.all()[0]["progress"]
+
+    running = SlurmJob(id="41", array_job_id=None, array_task_id=None, name="run1", comment=batch.COMMENT_PREFIX,
+                       state="RUNNING", reason="None", description="", exit_code=0, restarts=0, nodes=("n",),
+                       user="u", partition="gpu", submit_time=None, start_time=None, end_time=None, tasks=1)
+    bridge = Bridge(None, bridge_side, batch.Site("b", "python", "/tmp"), clock=clock)
+    bridge.known["41"] = "run1"
+    clock.now += 30
+    bridge.index_progress([running])
+    assert bridge_side.all()[0]["progress"]["step"] == 7
+    task_side.progress("run1", {"step": 9, "total": 10})
+    clock.now += 10
+    bridge.index_progress([running])  # within the interval: not read again
+    assert bridge_side.all()[0]["progress"]["step"] == 7
+    clock.now += 20
+    bridge.index_progress([running, replace(running, id="42")])  # a Slurm job of no record: skipped
+    assert bridge_side.all()[0]["progress"]["step"] == 9

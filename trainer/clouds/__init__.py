@@ -4,7 +4,8 @@ Each implements interfaces that trainer.loop, trainer.node, trainer.jobs and tra
 one through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
 cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
 ``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node)``, Slurm's
-``NodeProvider(config)``, ``node_name``, ``munge_key`` and ``explain(exc)``: the one line (a UsageError for
+``NodeProvider(config)``, ``node_name``, ``munge_key``, ``job_issuer(settings)`` where jobs get credentials of
+their own (AWS only: trainer.node.jobcreds) and ``explain(exc)``: the one line (a UsageError for
 the user's setup, a Fault for a runtime fault) that its SDK's credential and connection errors become at the
 command boundary, or None.
 """

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlparse
 
 from trainer.errors import Fault, UsageError
@@ -452,6 +453,25 @@ def open_queue(url: str, region: str | None = None) -> SqsJobQueue:
 METADATA_TRIES = 3  # reads of the instance id before a node counts as off EC2
 
 
+def instance_facts(imds: Imds | None = None) -> dict[str, str]:
+    """What a job may know of its instance (id and type; nothing secret), which root's credentials endpoint
+    publishes for jobs (trainer.node.jobcreds.INSTANCE), since the metadata service answers only root."""
+    imds = imds or Imds()
+    try:
+        return {k: v for k, v in (("instance_id", imds.instance_id()), ("instance_type", imds.instance_type())) if v}
+    except ImdsUnavailable:
+        return {}
+
+
+def instance_facts_of_node() -> dict[str, str]:
+    from trainer.node.jobcreds import INSTANCE
+
+    try:
+        return json.loads(Path(INSTANCE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 class NodePlatform(Platform):
     """This instance: its metrics' dimensions (node.json's group name and the instance id), SSM secrets and ECR
     logins through the instance role. The SSM client is made on first use from the node's region."""
@@ -464,7 +484,11 @@ class NodePlatform(Platform):
         self.node, self.imds = node, imds or Imds()
         self._ssm = None
         self._logins = LoginCache()
-        self.instance_id = None
+        self.instance_id, self._instance_type = None, None
+        known = instance_facts_of_node()  # a job's process: the metadata service answers only root
+        if known.get("instance_id"):
+            self.instance_id, self._instance_type = known["instance_id"], known.get("instance_type")
+            return
         for attempt in range(METADATA_TRIES):  # node.json names AWS: a slow answer (boot, load) is not "off EC2"
             try:
                 self.instance_id = self.imds.instance_id()
@@ -489,6 +513,8 @@ class NodePlatform(Platform):
         return metric_names.dimensions(self.node.get("asg_name"), self.instance_id)
 
     def instance_type(self) -> str | None:
+        if self._instance_type:
+            return self._instance_type
         try:
             return self.imds.instance_type()
         except ImdsUnavailable:
@@ -537,3 +563,5 @@ class NodePlatform(Platform):
 
 # --- Slurm's power saving on EC2, a node's Slurm name and the munge key (trainer/clouds/aws_nodes.py) --------
 from trainer.clouds.aws_nodes import NodeProvider, munge_key, node_name  # noqa: E402,F401
+# --- a job's own credentials: the job role through STS (trainer/clouds/aws_credentials.py) -----------------------
+from trainer.clouds.aws_credentials import job_issuer  # noqa: E402,F401

@@ -12,8 +12,11 @@ other's update.
 
 An index makes `jobs list` one read per shard instead of one per job: after each record write the writer puts
 the record (without its spec) into ``jobs-index/<shard>.json`` (``INDEX_SHARDS`` shards by a hash of the id,
-conditional writes again, an entry never replaced by an older revision). The record stays the truth: `status`
-reads it, and ``RecordStore.all(scan=True)`` reads every record (a bucket written before the index).
+conditional writes again, an entry never replaced by an older revision). A job's own task writes no index
+(``index=False``): a shard holds other jobs' entries, whose cancels and Slurm ids the bridge reads from it, so
+the bridge copies a running job's progress into the index (:meth:`RecordStore.reindex`). The record stays the
+truth: `status` reads it, and ``RecordStore.all(scan=True)`` reads every record (a bucket written before the
+index).
 """
 from __future__ import annotations
 
@@ -188,8 +191,10 @@ class RecordStore:
     """The records of one store (the stack's bucket): :meth:`create`, :meth:`get`, :meth:`update`, :meth:`all`
     (submit, the bridge and the commands) and :meth:`progress` (a job's task, while it runs)."""
 
-    def __init__(self, store: Store, progress_every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, progress_every_s: float = PROGRESS_EVERY_S, clock: Callable[[], float] = time.time,
+                 index: bool = True):
         self.store = store
+        self.index = index
         self.progress_every_s = progress_every_s
         self.clock = clock
         self._last_progress: dict[str, float] = {}
@@ -216,11 +221,22 @@ class RecordStore:
         whenever another writer got in between. A missing record is ``missing()`` (UnknownJob without it).
         An unchanged record is not written."""
         new = self._cas(record_key(job_id), job_id, fn, missing)
+        if self.index:
+            self._index(job_id, new)
+        return new
+
+    def reindex(self, job_id: str) -> dict:
+        """The record as it is now, copied into its index entry (a running job's progress, which its task wrote
+        to the record alone)."""
+        rec = self.get(job_id)
+        self._index(job_id, rec)
+        return rec
+
+    def _index(self, job_id: str, rec: dict) -> None:
         try:
-            self._cas(index_key(job_id), job_id, lambda shard: _indexed(shard, new), dict)
+            self._cas(index_key(job_id), job_id, lambda shard: _indexed(shard, rec), dict)
         except Exception as exc:  # the record is written; the index catches up at the job's next write
             log.warning("job %s: index not updated (%s)", job_id, exc)
-        return new
 
     def _cas(self, key: str, job_id: str, fn: Callable[[dict], dict], missing: Callable[[], dict] | None) -> dict:
         for tries in range(MAX_TRIES):

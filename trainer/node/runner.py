@@ -99,10 +99,10 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
                 extra: tuple[str, ...] = ()) -> list[str]:
     """`docker run` of a container job: as ``user`` ("UID:GID", never root), with every capability dropped (but
     IPC_LOCK where InfiniBand wants it), no new privileges and Docker's default seccomp profile; the job's GPUs,
-    every EFA/InfiniBand device, host network (the instance role's credentials through IMDSv2 keep their hop limit
-    of 1) and IPC, memlock unlimited, the job's own scratch directory at /mnt/scratch (also its HOME and TMPDIR
-    unless its env names them), the node's NCCL settings, the job's environment and its control directory. GPU
-    flags only on a node with GPUs.
+    every EFA/InfiniBand device, host network (where the job's own credentials are served on loopback; the
+    metadata service answers only root) and IPC, memlock unlimited, the job's own scratch directory at
+    /mnt/scratch (also its HOME and TMPDIR unless its env names them), the node's NCCL settings, the job's
+    environment and its control directory. GPU flags only on a node with GPUs.
 
     ``secret_names`` are passed by name only (docker reads their values from its own environment), so no secret
     shows in the argv. ``extra`` is for tests (mounts of the host's Python); production passes none.

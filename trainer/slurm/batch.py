@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from trainer.jobs.spec import Job
 
 COMMENT_PREFIX = "gpufleet:"
 NAME_PREFIX = "gpufleet."
+_SPEC_LINE = re.compile(r"\s*(?:(\d+)\) )?spec=([A-Za-z0-9+/=]+)(?: ;;)?")
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,16 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
     lines.append("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes=\"$SLURM_JOB_NUM_NODES\" "
                  + " ".join(shlex.quote(a) for a in task) + ' --spec "$spec"')
     return "\n".join(lines) + "\n"
+
+
+def job_id_of(script: str, index: int | None = None) -> str | None:
+    """The job id in a batch script :func:`render` wrote (an array's: that of element ``index``), or None (a
+    script of someone else's, or no such element)."""
+    for line in script.splitlines():
+        m = _SPEC_LINE.fullmatch(line)
+        if m and (m[1] is None) == (index is None) and (index is None or int(m[1]) == index):
+            try:
+                return str(decode(m[2])["spec"]["job_id"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None

@@ -111,7 +111,7 @@ class Bridge:
         self._cancelled: set[str] = set()
         self.final: set[str] = set()          # Slurm job ids Slurm is done with (nothing more to read)
         self.listed: list[SlurmJob] | None = None  # the jobs squeue listed at the last sync
-        self._last_sync = self._last_cancel_poll = self._last_accounting = 0.0
+        self._last_sync = self._last_cancel_poll = self._last_accounting = self._last_progress = 0.0
         self._last_gauges: float | None = None
 
     # --- the loop ---------------------------------------------------------------------------------------------
@@ -295,6 +295,22 @@ class Bridge:
             self.seen[j.id] = state
         self.read_accounting({j.id for j in listed},
                              {str(j.array_job_id) for j in listed if j.array_job_id and j.array_task_id is None})
+        self.index_progress(listed)
+
+    def index_progress(self, listed: list[SlurmJob]) -> None:
+        """Running jobs' progress into the records' index, once every ``records.progress_every_s``: a job's task
+        writes its record alone (RecordStore(index=False)), since an index shard holds other jobs' entries."""
+        now = self.clock()
+        if now - self._last_progress < self.records.progress_every_s:
+            return
+        self._last_progress = now
+        for j in listed:
+            job_id = self.known.get(j.id)
+            if j.state == "RUNNING" and job_id is not None and j.id not in self.final:
+                try:
+                    self.records.reindex(job_id)
+                except UnknownJob:
+                    pass
 
     def _apply(self, job_id: str, j: SlurmJob, final: bool) -> None:
         try:

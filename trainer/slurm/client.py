@@ -191,6 +191,19 @@ def jobs() -> list[SlurmJob]:
     return [_job(j) for j in data.get("jobs", [])]
 
 
+def job(job_id: str) -> SlurmJob | None:
+    """One job (an array element by its own job id) as slurmctld knows it, or None. 22.05's ``squeue --json``
+    ignores --jobs (it prints every job), so the job is picked here."""
+    data = json.loads(_run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], env=READ_ENV) or "{}")
+    found = [_job(j) for j in data.get("jobs", []) if number(j.get("job_id")) == int(job_id)]
+    return found[0] if found else None
+
+
+def batch_script(job_id: str) -> str:
+    """The batch script a job was submitted with (an array's, for any of its elements): Slurm's own copy."""
+    return _run(["scontrol", "write", "batch_script", job_id, "-"])
+
+
 def finished(ids: list[str]) -> list[SlurmJob]:
     """Jobs that have left squeue (MinJobAge after they ended) as accounting has them: `sacct` through slurmdbd,
     or `sacct -c` from the job completion file when the cluster has no slurmdbd (the file lists an array's

@@ -34,8 +34,12 @@ KILL_WAIT_S = {"aws": 100, "azure": 20, "tencent": 100, "local": 30}
 # ResumeProgram, SuspendProgram and ResumeFailProgram name.
 IMAGE_PROGRAMS = {"resume": "/usr/local/sbin/gpufleet-resume", "suspend": "/usr/local/sbin/gpufleet-suspend",
                   "resume_fail": "/usr/local/sbin/gpufleet-resume-fail"}
-# The images' TaskProlog (ami/files/gpufleet-task-prolog.sh): every task of a job gets the node's NCCL/EFA settings.
+# The images' TaskProlog (ami/files/gpufleet-task-prolog.sh): every task of a job gets the node's NCCL/EFA settings,
+# and the job's own credentials (trainer.node.jobcreds), which the Prolog grants and the Epilog revokes.
 IMAGE_TASK_PROLOG = "/usr/local/sbin/gpufleet-task-prolog"
+IMAGE_JOB_PROGRAMS = {"prolog": "/usr/local/sbin/gpufleet-prolog", "epilog": "/usr/local/sbin/gpufleet-epilog",
+                      "task_prolog": IMAGE_TASK_PROLOG}
+JOB_PROGRAM_KEYS = {"prolog": "Prolog", "epilog": "Epilog", "task_prolog": "TaskProlog"}
 
 
 @dataclass(frozen=True)
@@ -105,9 +109,16 @@ class Cluster:
     fast_scheduling: bool = False    # short scheduler passes (the box)
     local_nodes: dict[str, LocalNode] = field(default_factory=dict)  # the box: node name -> its address and port
     accounting: str | None = None    # slurmdbd host, or None: completed jobs in a file (sacct -c)
+    job_programs: dict[str, str] | None = None  # prolog, epilog, task_prolog -> path; None: the images' (the box: none)
 
     def nodes(self) -> list[str]:
         return [n for p in self.partitions for n in p.node_names()]
+
+
+def _job_programs(cluster: Cluster) -> dict[str, str]:
+    if cluster.job_programs is not None:
+        return cluster.job_programs
+    return {} if cluster.local_nodes else IMAGE_JOB_PROGRAMS
 
 
 def _power_exclusions(cluster: Cluster) -> list[str]:
@@ -183,8 +194,9 @@ def render_slurm_conf(cluster: Cluster) -> str:
         "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs" if cluster.local_nodes else
         "SlurmctldParameters=enable_configless,idle_on_node_suspend",
         "PrivateData=cloud" if cluster.local_nodes else "",
-        # every task of a job on an image's node gets the node's NCCL/EFA settings (the box's nodes have none)
-        "" if cluster.local_nodes else f"TaskProlog={IMAGE_TASK_PROLOG}",
+        # a job's own credentials on each of its nodes (granted, revoked), and every task gets them and the node's
+        # NCCL/EFA settings
+        *(f"{JOB_PROGRAM_KEYS[k]}={path}" for k, path in _job_programs(cluster).items()),
         "TreeWidth=65533",
         "SchedulerParameters=bf_interval=2,sched_interval=2,sched_min_interval=100000"
         if cluster.fast_scheduling else "SchedulerParameters=bf_interval=30",

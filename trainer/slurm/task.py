@@ -38,6 +38,8 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 EXIT_FAILED = 1
 RDZV_TIMEOUT_S = 600  # a gang's other nodes wait this long for node rank 0's store
 EMF_LOG = "/var/log/gpufleet/metrics.log"  # the CloudWatch agent ships /var/log/gpufleet/*.log
+# botocore's container credentials: a host process has them from the TaskProlog; a container is given them
+CREDENTIALS_URI, CREDENTIALS_TOKEN = "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"
 
 
 def rdzv_port(slurm_job_id: int) -> int:
@@ -142,7 +144,7 @@ class Task:
 
     @property
     def records(self) -> RecordStore:
-        return RecordStore.of_bucket(self.bucket)
+        return RecordStore.of_bucket(self.bucket, index=False)  # the bridge keeps the index (records.py)
 
     def rdzv(self) -> str:
         first = client.hostnames(self.slurm["nodelist"])[0] if self.slurm["nnodes"] > 1 else "localhost"
@@ -168,6 +170,9 @@ class Task:
             raise UsageError(f"task: env {', '.join(hidden_names(job))}: the values did not come with the job")
         values = {k: v for k, v in job.env.items() if isinstance(v, str)}
         secrets = {k: platform.secret(*next(iter(v.items()))) for k, v in job.env.items() if not isinstance(v, str)}
+        if job.kind == "image" and CREDENTIALS_TOKEN in os.environ:  # the job's own credentials (the TaskProlog's:
+            values[CREDENTIALS_URI] = os.environ[CREDENTIALS_URI]     # trainer.node.jobcreds), the token by name
+            secrets[CREDENTIALS_TOKEN] = os.environ[CREDENTIALS_TOKEN]
         rdzv = self.rdzv()
         popen = output.popen_kw() if output else {}
         import subprocess
@@ -203,9 +208,10 @@ class Task:
                 os.chown(control, *user, follow_symlinks=False)  # a link in it: Running.signal_stop)
             facts = node_facts(self.node, None, self.gpus)
             name = f"gpufleet-{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"
-            argv = docker_argv(name, job.image, list(job.command), env, facts, job.gpus_per_node, str(control),
-                               stop_grace(self.node.get("cloud")), "{}:{}".format(*user), str(self.scratch),
-                               tuple(secrets), container_env_file=Path("/etc/gpufleet/container.env").exists(),
+            argv = docker_argv(name, job.image, list(job.command), {**env, **secrets}, facts, job.gpus_per_node,
+                               str(control), stop_grace(self.node.get("cloud")), "{}:{}".format(*user),
+                               str(self.scratch), tuple(secrets),
+                               container_env_file=Path("/etc/gpufleet/container.env").exists(),
                                extra=self.container_extra)
             docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(loggable(argv, list(job.command))))

@@ -58,8 +58,8 @@ class Box:
         assert done.returncode == 0, done.stderr
         return [ln.split()[1] for ln in done.stdout.splitlines() if ln.startswith("queued ")]
 
-    def slurm(self, *argv: str, check: bool = True) -> str:
-        done = subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, timeout=60)
+    def slurm(self, *argv: str, check: bool = True, input: str | None = None) -> str:
+        done = subprocess.run(list(argv), env=self.env(), capture_output=True, text=True, timeout=60, input=input)
         if check:
             assert done.returncode == 0, done.stderr
         return done.stdout

@@ -1,6 +1,8 @@
-"""The box's layout (pure): every Unix socket a box makes fits Linux's 108 bytes, however deep its --dir."""
+"""The box's layout (pure): every Unix socket a box makes fits Linux's 108 bytes, however deep its --dir; each node
+has its own job credentials endpoint and grants."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from infra.box import layout as lay
@@ -16,3 +18,28 @@ def test_sockets_fit_a_socket_path_for_a_deep_dir():
         assert len(str(socket)) < SUN_PATH, socket
     assert L.sockets != lay.Layout(deep.parent / "other").sockets  # one per box
     assert lay.cluster(L).spool_dir == str(L.spool_dir)
+
+
+def test_each_node_hands_its_tasks_its_own_credentials_endpoint_and_token(tmp_path):
+    """Two nodes of a box share one host: each has its own grants and endpoint (a two-node job's Prologs would
+    otherwise overwrite each other's grant, and one node's token would be refused)."""
+    L = lay.Layout(tmp_path / "box", nodes=2, slurmctld_port=7000)
+    ports = L.ports()
+    assert sorted(ports.values()) == list(range(7000, 7000 + len(ports))) and len(ports) == 6
+    scripts = lay.job_program_scripts(L, "python3", {"AWS_DEFAULT_REGION": "us-east-1"}, "me", "bucket")
+    program = tmp_path / "task_prolog"
+    program.write_text(scripts["task_prolog"])
+    for node in ("gpu-1", "gpu-2"):
+        tokens = L.credentials_dir(node) / "tokens"
+        tokens.mkdir(parents=True)
+        (tokens / "7").write_text(f"7.{node[-1] * 43}")
+    for node in ("gpu-1", "gpu-2"):
+        env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURMD_NODENAME": node}
+        out = subprocess.run(["sh", str(program)], env=env, capture_output=True, text=True, check=True).stdout
+        port = ports[f"credentials {node}"]
+        assert f"export AWS_CONTAINER_CREDENTIALS_FULL_URI=http://127.0.0.1:{port}/v1/credentials\n" in out
+        assert f"export AWS_CONTAINER_AUTHORIZATION_TOKEN=7.{node[-1] * 43}\n" in out
+    stranger = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "gpu-9"}
+    assert subprocess.run(["sh", str(program)], env=stranger, capture_output=True, text=True).stdout == ""
+    for action in ("prolog", "epilog"):
+        assert '--dir "$directory"' in scripts[action] and "gpu-2) directory=" in scripts[action]

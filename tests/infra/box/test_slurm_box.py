@@ -20,6 +20,7 @@ import pytest
 
 from tests.infra.box.conftest import EXAMPLES, gpufleet, wait_for
 from trainer.jobs import logs
+from trainer.slurm import batch
 
 TINY = ["--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "--num-workers", "0",
         "--checkpoint-every", "0", "--warmup-steps", "1"]
@@ -42,7 +43,8 @@ def steps_of(metrics: Path) -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def taken_port():
-    """A port held here whose next three (the rest of a box's four) are free: only the first is reported taken."""
+    """A port held here whose next five (the rest of a two-node box's six: slurmctld, slurmd, each node and its
+    credentials endpoint) are free: only the first is reported taken."""
     def free(port: int) -> bool:
         with socket.socket() as probe:
             try:
@@ -55,10 +57,10 @@ def taken_port():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-            if port < 65532 and all(free(port + i) for i in (1, 2, 3)):
+            if port < 65530 and all(free(port + i) for i in range(1, 6)):
                 yield port
                 return
-    raise AssertionError("no port with three free ones after it")
+    raise AssertionError("no port with five free ones after it")
 
 
 def test_a_second_box_and_a_taken_port_are_one_line_each(box, tmp_path):
@@ -128,6 +130,51 @@ def test_a_job_submitted_with_sbatch_is_in_jobs_list(box):
     assert listed.returncode == 0, listed.stderr
     row = next(r for r in json.loads(listed.stdout) if r["job_id"] == f"slurm-{job}")
     assert row["state"] == "succeeded" and row["kind"] == "sbatch"
+
+
+HOSTILE_CREDENTIALS = """import json, os, urllib.error, urllib.request
+import boto3
+out = {"static": [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if k in os.environ]}
+out["method"] = boto3.Session().get_credentials().method
+out["arn"] = boto3.client("sts").get_caller_identity()["Arn"]
+token, url = os.environ["AWS_CONTAINER_AUTHORIZATION_TOKEN"], os.environ["AWS_CONTAINER_CREDENTIALS_FULL_URI"]
+slurm_id, secret = token.split(".")
+def status(t):
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": t})).status
+    except urllib.error.HTTPError as e:
+        return e.code
+out["own"], out["forged"] = status(token), status(f"{int(slurm_id) - 1}.{secret}")
+print("CREDS " + json.dumps(out))
+"""
+
+
+def test_a_job_holds_credentials_of_its_own_and_a_forged_claim_gets_none_of_anothers(box, tmp_path):
+    """Issue 23, finding 1: the job's processes have no static keys and hold the job role, for this Slurm job, through
+    the endpoint the TaskProlog named; another job's number with its token's secret is refused; the Epilog revokes
+    the grant. A script that carries another job's spec, submitted as the bridge's user (as a job's code could), is
+    granted its own mirror job's prefix, not the victim's."""
+    work = tmp_path / "creds"
+    work.mkdir()
+    (work / "creds.py").write_text(HOSTILE_CREDENTIALS)
+    box.submit("--workdir", str(work), "--job-id", "creds-own", "--", "python", "creds.py")
+    rec = box.wait_state("creds-own", "succeeded", "failed")
+    out = b"".join(d for _, d in logs.read(box.records().store, "creds-own", 1)).decode()
+    line = next((ln for ln in out.splitlines() if ln.startswith("CREDS ")), None)
+    assert rec["state"] == "succeeded" and line, out
+    sid = rec["slurm"]["id"]
+    assert json.loads(line[6:]) == {"static": [], "method": "container-role", "own": 200, "forged": 403,
+                                    "arn": f"arn:aws:sts::123456789012:assumed-role/dev-job/gpufleet-{sid}"}
+    granted = box.dir / "credentials" / rec["attempts"][-1]["nodes"][0]
+    assert (granted / "grants").is_dir()
+    wait_for(lambda: not (granted / "tokens" / sid).exists() and not (granted / "grants" / f"{sid}.json").exists(),
+             30, "the Epilog to revoke the grant")
+    claim = batch.encode({"spec": rec["spec"], "first_attempt": 1})
+    forged = box.slurm("sbatch", "--parsable", "-o", "/dev/null", input=f"#!/bin/bash\nspec={claim}\ntrue\n").strip()
+    box.wait_state(f"slurm-{forged}", "succeeded", "failed")
+    log = (box.dir / "slurm" / "log" / "credentials.log").read_text()
+    assert f"Slurm job {forged} is job slurm-{forged}: granted" in log
+    assert f"Slurm job {sid} is job creds-own: granted" in log
 
 
 def test_cancel_stops_a_running_job_and_a_queued_one_never_runs(box, tmp_path):

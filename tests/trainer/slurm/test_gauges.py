@@ -67,6 +67,8 @@ def test_node_gauges(nodes, up, failed):
 
 
 class Records:
+    progress_every_s = 30.0
+
     def all(self):
         return []
 
