@@ -20,7 +20,7 @@ from infra import catalog, regions
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
         "tags", "budgetMonthlyUsd", "budgetMonthlyCny", "image", "network", "onDemandBase", "alertEmails", "alerts",
-        "sshPublicKey", "pullThrough", "partitions", "controller")
+        "sshPublicKey", "pullThrough", "partitions", "controller", "teams")
 # The keys one partition is made of when `partitions` is not given (today's single node group).
 SINGLE_GROUP_KEYS = ("mode", "instanceTypes", "nodes", "spot", "onDemandBase")
 PARTITION_NAME = re.compile(r"^[a-z][a-z0-9]{0,14}\Z")  # Slurm node names are <partition>-<n>
@@ -99,6 +99,21 @@ class Partition(_Frozen):
     def multi_node(self) -> bool:
         """Nodes that talk to each other: a gang partition of more than one node."""
         return self.gang and self.nodes.max > 1
+
+
+class Team(_Frozen):
+    """One team: a Slurm account with its fair share (how much of the cluster it gets against the others when
+    they all wait) and its GPU limit (the GPUs its running jobs may hold together; none: no limit)."""
+    name: str = Field(min_length=1, max_length=15)
+    fair_share: StrictInt = Field(default=1, ge=1, le=1000000, alias="fairShare")
+    gpu_limit: Optional[StrictInt] = Field(default=None, ge=0, alias="gpuLimit")
+
+    def as_json(self) -> dict:
+        """As controller.json and trainer.slurm.accounts.teams_of take it."""
+        return {"name": self.name, "fair_share": self.fair_share, "gpu_limit": self.gpu_limit}
+
+
+DEFAULT_TEAMS = (Team(name="default"),)
 
 
 class Controller(_Frozen):
@@ -234,6 +249,7 @@ class StackConfig(_Frozen):
     pull_through: Any = Field(default=(), alias="pullThrough")
     partitions: Any = ()
     controller: Any = None
+    teams: tuple[Team, ...] = DEFAULT_TEAMS
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "StackConfig":
@@ -260,6 +276,7 @@ class StackConfig(_Frozen):
             if not _EMAIL.match(email):
                 raise ConfigError("gpufleet:alertEmails", email, "an e-mail address such as ops@example.com")
         self._check_alerts()
+        self._check_teams()
         self._check_image()
         object.__setattr__(self, "pull_through", _pull_through(self.pull_through))
         if self.cloud == "azure":
@@ -420,6 +437,19 @@ class StackConfig(_Frozen):
             if alert.chat is not None and self.cloud == "azure":
                 raise ConfigError(f"{key}.chat", alert.chat, "chat webhooks are supported on aws; on azure give an "
                                   "https endpoint (autoscale notifications post their own JSON)")
+
+    def _check_teams(self) -> None:
+        names = [t.name for t in self.teams]
+        if not names:
+            raise ConfigError("gpufleet:teams", [], "at least one team {name, fairShare, gpuLimit} (or leave the key "
+                              "out: one team, default)")
+        for i, name in enumerate(names):
+            if not PARTITION_NAME.match(name):
+                raise ConfigError(f"gpufleet:teams.{i}.name", name, "1-15 lowercase letters and digits, starting with "
+                                  "a letter (a Slurm account, and the tail of the team's Unix user)")
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError("gpufleet:teams", repeated, "each team name once")
 
     def _check_budget(self) -> None:
         wanted = BUDGET_KEY[self.currency]

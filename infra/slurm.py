@@ -22,6 +22,9 @@ SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
 SRUN_PORTS = (60001, 63000)  # SrunPortRange: where srun listens for its steps' connections (the network allows them)
 STATE_DIR = "/var/spool/slurmctld"
+# slurmdbd runs on the controller beside slurmctld, listening on loopback only (no node talks to it): the teams'
+# accounts, fair share and GPU limits (trainer.slurm.accounts; `gpufleet-trainer setup controller` starts it)
+ACCOUNTING_HOST = "127.0.0.1"
 SPOOL_DIR = "/var/spool/slurmd"
 LOG_DIR = "/var/log/slurm"
 RUN_DIR = "/run/slurm"
@@ -63,4 +66,5 @@ def cluster(cfg: StackConfig, controller: str, programs: dict[str, str], control
     return Cluster(name=cfg.stack, controller=controller, controller_addr=controller_addr,
                    partitions=partitions(cfg), state_dir=STATE_DIR, spool_dir=SPOOL_DIR, log_dir=LOG_DIR,
                    run_dir=RUN_DIR, programs=dict(programs), cloud=cfg.cloud, slurm_user=SLURM_USER,
-                   slurmctld_port=SLURMCTLD_PORT, slurmd_port=SLURMD_PORT, srun_ports=SRUN_PORTS)
+                   slurmctld_port=SLURMCTLD_PORT, slurmd_port=SLURMD_PORT, srun_ports=SRUN_PORTS,
+                   accounting=ACCOUNTING_HOST)

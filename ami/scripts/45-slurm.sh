@@ -20,7 +20,12 @@ printf 'Package: %s\nPin: version *\nPin-Priority: -1\n' "$distribution_packages
   >/etc/apt/preferences.d/gpufleet-no-distribution-slurm
 
 apt_install pkg-config bzip2 xz-utils libssl-dev zlib1g-dev libbz2-dev libjson-c-dev libdbus-1-dev libhwloc-dev \
-  libhttp-parser-dev libyaml-dev liblz4-dev libreadline-dev libpam0g-dev libnuma-dev linux-libc-dev
+  libhttp-parser-dev libyaml-dev liblz4-dev libreadline-dev libpam0g-dev libnuma-dev linux-libc-dev \
+  libmariadb-dev libmariadb-dev-compat
+# Slurm's accounting on the controller (the teams' accounts, fair share, GPU limits): slurmdbd over MariaDB, both on
+# loopback. Off in the image: `gpufleet-trainer setup controller` starts them; a node never does.
+apt_install mariadb-server
+systemctl disable --now mariadb.service
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -68,8 +73,9 @@ else
   ldconfig
 fi
 # What the stack relies on was built: MUNGE authentication, cgroup v2 (the base image's hierarchy; needs D-Bus),
-# and the JSON output the bridge reads (squeue --json).
-for plugin in auth_munge cred_munge cgroup_v2 proctrack_cgroup task_cgroup serializer_json jobcomp_filetxt; do
+# the JSON output the bridge reads (squeue --json), and the accounting (slurmdbd over MariaDB, multifactor priority).
+for plugin in auth_munge cred_munge cgroup_v2 proctrack_cgroup task_cgroup serializer_json jobcomp_filetxt \
+  accounting_storage_slurmdbd accounting_storage_mysql priority_multifactor; do
   [ -e "$slurm_prefix/lib/slurm/$plugin.so" ] || die "slurm was built without its $plugin plugin"
 done
 [ "$("$slurm_prefix/sbin/slurmd" -V)" = "slurm $slurm_version" ] || die "slurmd is not $slurm_version"
@@ -82,7 +88,7 @@ install -d -m 0755 /var/log/gpufleet
 install -d -o gpufleet -g gpufleet -m 0755 /var/log/gpufleet/jobs
 
 install -m 0644 /tmp/gpufleet-ami/systemd/munge.service /tmp/gpufleet-ami/systemd/slurmd.service \
-  /tmp/gpufleet-ami/systemd/slurmctld.service /etc/systemd/system/
+  /tmp/gpufleet-ami/systemd/slurmctld.service /tmp/gpufleet-ami/systemd/slurmdbd.service /etc/systemd/system/
 for action in resume suspend resume-fail; do
   install -m 0755 /tmp/gpufleet-ami/files/gpufleet-power.sh "/usr/local/sbin/gpufleet-$action"
 done

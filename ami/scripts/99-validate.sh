@@ -36,7 +36,7 @@ check slurm "$("$(manifest .slurm.prefix)/sbin/slurmd" -V | awk '{print $2}')" "
 check munge "$("$(manifest .munge.prefix)/sbin/munged" --version | awk '{print $1}' | sed 's/^munge-//')" "$(manifest .munge.version)"
 check slurm_uid "$(id -u slurm)" "$(manifest .accounts.slurm.uid)"
 check gpufleet_uid "$(id -u gpufleet)" "$(manifest .accounts.gpufleet.uid)"
-for unit in munge slurmd slurmctld; do
+for unit in munge slurmd slurmctld slurmdbd mariadb; do
   ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
 done
 # On an AWS node the metadata service answers only root and each job gets credentials of its own, before slurmd

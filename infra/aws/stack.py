@@ -96,7 +96,7 @@ def controller_settings(cfg: StackConfig, names: Names, bucket: str, queue_url: 
     return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "queue_url": queue_url,
             "log_group": names.log_group, "metric_namespace": names.metric_namespace, "slurm": slurm_,
             "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
-            "state_dir": slurm.STATE_DIR, "mounts": mounts}
+            "state_dir": slurm.STATE_DIR, "mounts": mounts, "teams": [t.as_json() for t in cfg.teams]}
 
 
 def controller_user_data(cfg: StackConfig, controller_addr: str, settings: dict, nodes: dict) -> str:

@@ -267,6 +267,6 @@ def controller_settings(cfg: StackConfig, *, container_url: str, queue_url: str,
             "gpus": first.primary.gpus, "instance_type": first.instance_types[0], "state_dir": slurm.STATE_DIR,
             "shared": {"home": HOME, "fs": mounts[0]["source"]}, "mounts": mounts,
             "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id,
-                      "key_vault": key_vault}}
+                      "key_vault": key_vault}, "teams": [t.as_json() for t in cfg.teams]}
 
 

@@ -25,7 +25,8 @@ from trainer.slurm.nodes import alive as _alive
 
 UP_TIMEOUT_S = 120.0
 DOWN_TIMEOUT_S = 60.0
-NEEDS = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge"}
+NEEDS = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge",
+         "slurmdbd": "slurmdbd", "mariadbd": "mariadb-server"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,9 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         if name == "up":
             p.add_argument("--nodes", type=_count, default=lay.DEFAULT_NODES, help="CLOUD nodes of the box (1-16)")
             p.add_argument("--port", type=_port, default=0,
-                           help="slurmctld's port; slurmd's, each node's and each node's job credentials "
-                                "endpoint's follow it (0: free ports)")
-            p.add_argument("--stack", default="dev", help="the stack whose bucket and queues the account gets")
+                           help="slurmctld's port; slurmd's, each node's, each node's job credentials "
+                                "endpoint's, slurmdbd's and MariaDB's follow it (0: free ports)")
+            p.add_argument("--stack", default="dev", help="the stack whose bucket, queues and teams the box gets")
         if name == "notice":
             p.add_argument("node", help="the node's name (`gpufleet box status` lists them)")
 
@@ -107,7 +108,7 @@ def start(root: Path, nodes: int = lay.DEFAULT_NODES, port: int = 0, stack: str 
     missing = [f"{cmd} ({pkg})" for cmd, pkg in NEEDS.items() if not shutil.which(cmd, path=_path())]
     if missing:
         raise UsageError(f"box: Slurm is not installed: {', '.join(missing)} missing; run `make tools` (as root) "
-                         "or install the Debian packages slurm-wlm and munge")
+                         "or install the Debian packages slurm-wlm, slurmdbd, mariadb-server and munge")
     root = root.expanduser().resolve()
     state = running_state(root)
     if state is not None:

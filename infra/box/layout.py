@@ -6,6 +6,8 @@ in ``/tmp/gpufleet-box-<digest of the directory>/`` (munge's socket, slurmd's sp
     state.json         written once the box is up: pids, the account's endpoint, bucket, queues, nodes
     account/           moto's files
     munge/             the box's munge key, pid and log (munged of its own)
+    accounting/        Slurm's accounting: MariaDB's files (db/) and slurmdbd's settings, pid and log; the teams'
+                       accounts, fair share and GPU limits live there
     slurm/             slurm.conf, gres.conf, nodes.json, the power saving programs (bin/), state, logs,
                        job output
     credentials/<name>/ each node's job credentials: grants and tokens (trainer.node.jobcreds; the Prolog writes them)
@@ -22,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.jobs.commands import box_dir as default_dir  # noqa: F401 (the one default)
+from trainer.slurm.accounts import Dbd
 from trainer.slurm.conf import Cluster, LocalNode, Partition
 
 PARTITION = "gpu"
 DEFAULT_NODES = 2
 CPUS_PER_NODE = 1          # the box's nodes share this machine: one job each, like a GPU node
+GPUS_PER_NODE = 1          # a count Slurm allocates and limits (no device behind it)
 MEMORY_MB = 2048
 SUSPEND_TIME_S = 60        # idle nodes power down after a minute
 CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)
@@ -108,16 +112,41 @@ class Layout:
         return self.root / "nodes" / node / "notice"
 
     def ports(self) -> dict[str, int]:
-        """slurmctld's port, slurmd's default, one per node and one per node's job credentials endpoint
-        (``credentials <node>``), consecutive from slurmctld's."""
+        """slurmctld's port, slurmd's default, one per node, one per node's job credentials endpoint
+        (``credentials <node>``), slurmdbd's and MariaDB's, consecutive from slurmctld's."""
         base, names = self.slurmctld_port, self.node_names()
+        last = base + 2 + 2 * len(names)
         return {"slurmctld": base, "slurmd": base + 1, **{n: base + 2 + i for i, n in enumerate(names)},
-                **{f"credentials {n}": base + 2 + len(names) + i for i, n in enumerate(names)}}
+                **{f"credentials {n}": base + 2 + len(names) + i for i, n in enumerate(names)},
+                "slurmdbd": last, "mariadb": last + 1}
+
+    @property
+    def accounting(self) -> Path:
+        return self.root / "accounting"
+
+    @property
+    def database_dir(self) -> Path:
+        return self.accounting / "db"
+
+    @property
+    def database_socket(self) -> Path:
+        """MariaDB's socket (its root logs in through it; slurmdbd uses TCP on loopback)."""
+        return self.sockets / "mariadb.socket"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """Where slurmdbd reads it: beside slurm.conf (SLURM_CONF's directory)."""
+        return self.slurm / "slurmdbd.conf"
 
     def credentials_dir(self, node: str) -> Path:
         """A node's job credentials' grants and tokens (trainer.node.jobcreds), as /run/gpufleet/credentials on a
         node: each node has its own, as each has its own endpoint."""
         return self.root / "credentials" / node
+
+    @property
+    def stand_ins(self) -> Path:
+        """The nodes' stand-ins for hardware tools (nvidia-smi: the one stand-in GPU of gres.conf)."""
+        return self.slurm / "stand-ins"
 
     def program(self, name: str) -> Path:
         return self.slurm / "bin" / name
@@ -129,7 +158,7 @@ def cluster(layout: Layout) -> Cluster:
     s = layout.slurm
     return Cluster(
         name="box", controller="localhost", controller_addr="127.0.0.1",
-        partitions=(Partition(PARTITION, layout.nodes, CPUS_PER_NODE, MEMORY_MB,
+        partitions=(Partition(PARTITION, layout.nodes, CPUS_PER_NODE, MEMORY_MB, GPUS_PER_NODE,
                               features=(layout.instance_type, "spot"), default=True),),
         state_dir=str(s / "state"), spool_dir=str(layout.spool_dir), log_dir=str(layout.log_dir),
         run_dir=str(layout.run_dir),
@@ -138,7 +167,16 @@ def cluster(layout: Layout) -> Cluster:
         slurm_user=box_user(), munge_socket=str(layout.munge_socket), cred_expire_s=CRED_EXPIRE_S,
         suspend_time_s=SUSPEND_TIME_S, suspend_timeout_s=10, resume_timeout_s=120,
         slurmd_timeout_s=SLURMD_TIMEOUT_S, kill_wait_s=KILL_WAIT_S, min_job_age_s=MIN_JOB_AGE_S, fast_scheduling=True,
-        local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()}, job_programs=job_programs(layout))
+        local_nodes={n: LocalNode(port=ports[n]) for n in layout.node_names()}, job_programs=job_programs(layout),
+        accounting="127.0.0.1", accounting_port=ports["slurmdbd"])
+
+
+def dbd(layout: Layout, password: str) -> Dbd:
+    """The box's slurmdbd: on loopback, its database in the box's own MariaDB."""
+    ports = layout.ports()
+    return Dbd(port=ports["slurmdbd"], storage_port=ports["mariadb"], storage_user="slurm", storage_pass=password,
+               slurm_user=box_user(), log_file=str(layout.log_dir / "slurmdbd.log"),
+               pid_file=str(layout.run_dir / "slurmdbd.pid"), munge_socket=str(layout.munge_socket))
 
 
 def box_user() -> str:
@@ -186,11 +224,16 @@ def job_program_scripts(layout: Layout, python: str, env: dict[str, str], bridge
     }
 
 
+# The box's nvidia-smi: what the health check asks (the index of each GPU) for the node's one stand-in GPU.
+NVIDIA_SMI = ("#!/bin/sh\n# the box's stand-in: one GPU (gres.conf's /dev/null), index 0\n"
+              f"i=0; while [ $i -lt {GPUS_PER_NODE} ]; do echo $i; i=$((i + 1)); done\n")
+
+
 def nodes_config(layout: Layout, python: str, imds: dict[str, str]) -> dict:
     """trainer.slurm.nodes.LocalProvider's config."""
     return {"provider": "local", "cloud": "aws", "slurm_conf": str(layout.slurm_conf),
             "run_dir": str(layout.run_dir), "spool_dir": str(layout.spool_dir), "log_dir": str(layout.log_dir),
-            "python": python,
+            "python": python, "stand_ins": str(layout.stand_ins),
             "nodes": {n: {"imds": imds[n], "notice_file": str(layout.notice_file(n))} for n in layout.node_names()}}
 
 

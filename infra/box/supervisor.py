@@ -7,8 +7,11 @@ does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving sta
 (trainer.slurm.nodes, the local provider). A node's notice file (`box notice NODE`) turns into a spot interruption
 notice at its metadata endpoint. The bridge and the healer publish the controller's gauges to the box's EMF file.
 
-SIGTERM stops it all: the bridge and the healer, the nodes (their slurmd, watchers and jobs), slurmctld, munged,
-moto, and anything left below this process; then state.json is removed.
+Slurm's accounting is the box's own MariaDB and slurmdbd: each team of the stack's config (gpufleet:teams) an
+account with its fair share and GPU limit, which Slurm enforces; the bridge submits under the first team's.
+
+SIGTERM stops it all: the bridge and the healer, the nodes (their slurmd, watchers and jobs), slurmctld, slurmdbd,
+MariaDB, munged, moto, and anything left below this process; then state.json is removed.
 """
 from __future__ import annotations
 
@@ -74,8 +77,10 @@ class Supervisor:
             self.imds[name] = FakeImds(f"i-0b0x{i:013x}", L.instance_type, f"10.0.0.{10 + i}", r.region).__enter__()
         self.start_munge()
         self.write_slurm(L)
+        self.start_accounting()
         self.start_controller()
         self.wait_controller()
+        self.apply_teams()
         for _, start in self.credentials_starters():
             start()
         self.start_bridge()
@@ -111,6 +116,77 @@ class Supervisor:
                 raise RuntimeError(f"munged did not start (see {m / 'munged.log'})")
             time.sleep(0.05)
 
+    def start_accounting(self) -> None:
+        """Slurm's accounting: the box's own MariaDB (its files in accounting/db, made once; TCP on loopback and a
+        socket for its root) and slurmdbd over it, with a password made at each start; the cluster registered."""
+        from trainer.slurm import accounts
+
+        L = self.layout
+        L.accounting.mkdir(exist_ok=True)
+        if not (L.database_dir / "mysql").is_dir():
+            done = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={L.database_dir}",
+                                   f"--user={lay.box_user()}", "--auth-root-authentication-method=socket",
+                                   "--skip-test-db"], capture_output=True, text=True, env=self.env())
+            if done.returncode != 0:
+                raise RuntimeError(f"mariadb-install-db: {(done.stderr or done.stdout).strip()[-300:]}")
+        self.start_database()
+        password = secrets.token_hex(16)
+        dbd = lay.dbd(L, password)
+        self._wait_ready("mariadb", ["mariadb", "--no-defaults", f"--socket={L.database_socket}", "-u", "root",
+                                     "-e", accounts.database_grants(dbd)], L.log_dir / "mariadb.err")
+        fd = os.open(L.slurmdbd_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(accounts.render_slurmdbd_conf(dbd))
+        self.start_slurmdbd()
+        self._wait_ready("slurmdbd", ["sacctmgr", "-n", "-P", "show", "clusters", "format=cluster"],
+                         L.log_dir / "slurmdbd.log")
+        accounts.register_cluster(lay.cluster(L).name, env=self.env())
+
+    def start_database(self) -> None:
+        L = self.layout
+        self.procs["mariadb"] = self._spawn("mariadb", [
+            "mariadbd", "--no-defaults", f"--datadir={L.database_dir}", f"--socket={L.database_socket}",
+            f"--port={L.ports()['mariadb']}", "--bind-address=127.0.0.1", f"--user={lay.box_user()}",
+            f"--pid-file={L.run_dir / 'mariadb.pid'}", f"--log-error={L.log_dir / 'mariadb.err'}",
+            "--innodb-buffer-pool-size=32M", "--skip-log-bin"])
+
+    def start_slurmdbd(self) -> None:
+        self.procs["slurmdbd"] = self._spawn("slurmdbd", ["slurmdbd", "-D"])
+
+    def _wait_ready(self, name: str, argv: list[str], log_file: Path) -> None:
+        """Run ``argv`` until it succeeds (the daemon ``name`` answers), READY_TIMEOUT_S at most."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            done = subprocess.run(argv, env=self.env(), capture_output=True, text=True)
+            if done.returncode == 0:
+                return
+            proc = self.procs.get(name)
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+                raise RuntimeError(f"{name} did not start: {why[0]} (see {log_file})")
+            time.sleep(0.1)
+
+    def apply_teams(self) -> None:
+        """Each team of the stack an account with its fair share and GPU limit; the box's user (the bridge's, and
+        whoever submits with sbatch here) in each. Slurm knows gres/gpu once slurmctld registered: retried."""
+        from trainer.slurm import accounts
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                accounts.apply(self.teams, [lay.box_user()], env=self.env())
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the teams' accounts: {exc}") from None
+                time.sleep(0.2)
+
+    @functools.cached_property
+    def teams(self) -> tuple:
+        from trainer.slurm import accounts
+
+        return accounts.teams_of(t.as_json() for t in stack_config(self.stack).teams)
+
     def write_slurm(self, L: lay.Layout) -> None:
         from trainer.slurm.conf import render_gres_conf, render_slurm_conf
 
@@ -123,6 +199,9 @@ class Supervisor:
                                                          self.account.res.bucket_name).items():
             L.program(program).write_text(text)
             L.program(program).chmod(0o755)
+        L.stand_ins.mkdir(exist_ok=True)
+        (L.stand_ins / "nvidia-smi").write_text(lay.NVIDIA_SMI)
+        (L.stand_ins / "nvidia-smi").chmod(0o755)
         for action, program in (("resume", "resume"), ("suspend", "suspend"), ("resume-fail", "resume_fail")):
             path = L.program(program)
             path.write_text(lay.program_script(self.python, action, L.nodes_config, L.slurm_conf,
@@ -149,7 +228,7 @@ class Supervisor:
             self.python, "-m", "trainer", "controller", "--queue-url", self.account.queue_url,
             "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
             "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace,
-            "--env-dir", str(L.bridge_env)])
+            "--env-dir", str(L.bridge_env), "--account", self.teams[0].name])
 
     def start_credentials(self, node: str) -> None:
         """A node's job credentials endpoint (on a node: gpufleet-credentials.service, as root), which issues each
@@ -188,7 +267,8 @@ class Supervisor:
             elif has and not asked:
                 with imds._lock:
                     imds.items.pop("meta-data/spot/instance-action", None)
-        for name, start in (("slurmctld", self.start_controller), ("bridge", self.start_bridge),
+        for name, start in (("mariadb", self.start_database), ("slurmdbd", self.start_slurmdbd),
+                            ("slurmctld", self.start_controller), ("bridge", self.start_bridge),
                             ("heal", self.start_heal), *self.credentials_starters()):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None and not self.stopping:
@@ -221,7 +301,8 @@ class Supervisor:
                     .suspend(self.layout.node_names())
             except Exception as exc:
                 log.warning("stopping the nodes: %s", exc)
-        for name in ("slurmctld", *(name for name, _ in self.credentials_starters()), "munged"):
+        for name in ("slurmctld", *(name for name, _ in self.credentials_starters()), "slurmdbd", "mariadb",
+                     "munged"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 proc.terminate()
@@ -232,6 +313,15 @@ class Supervisor:
         self.account.close()
         shutil.rmtree(self.layout.sockets, ignore_errors=True)
         self.layout.state_file.unlink(missing_ok=True)
+
+
+def stack_config(stack: str):
+    """The stack's validated config (Pulumi.<stack>.yaml)."""
+    from infra import config
+    from infra.preview.__main__ import stack_file
+
+    raw, secret_keys = config.read_stack_file(stack_file(stack))
+    return config.parse(raw, stack, secret_keys)
 
 
 def reap_orphans(own: set[int]) -> None:

@@ -441,7 +441,7 @@ def controller_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: 
             "metric_namespace": names.metric_namespace, "slurm": slurm_settings(munge_secret),
             "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
             "state_dir": slurm.STATE_DIR, "mounts": controller_mounts(home_ip, state_ip),
-            "tencent": tencent_settings(cfg.region, app_id, names.controller_role)}
+            "tencent": tencent_settings(cfg.region, app_id, names.controller_role), "teams": [t.as_json() for t in cfg.teams]}
 
 
 def nodes_config(cfg: StackConfig, names: Names, *, templates: dict[str, str], vpc_id: str,

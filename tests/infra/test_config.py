@@ -293,3 +293,26 @@ def test_a_tencent_gang_runs_nccl_over_tcp_on_one_type():
     cfg = config.parse(raw_tencent(**{"gpufleet:mode": "gang", "gpufleet:instanceTypes": ["GT4.41XLARGE948"],
                                       "gpufleet:nodes": {"min": 2, "desired": 2, "max": 2}}), "tencent")
     assert cfg.multi_node and not cfg.primary.rdma
+
+
+def test_teams_default_to_one_and_dev_names_two_with_shares_and_a_gpu_limit():
+    assert config.parse(raw_dev(**{"gpufleet:teams": None}), "dev").teams == (config.Team(name="default"),)
+    dev = config.parse(raw_dev(), "dev")
+    assert [t.as_json() for t in dev.teams] == [{"name": "vision", "fair_share": 2, "gpu_limit": None},
+                                                {"name": "nlp", "fair_share": 1, "gpu_limit": 1}]
+
+
+@pytest.mark.parametrize("teams, message", [
+    ([], "gpufleet:teams: [] is not allowed; at least one team {name, fairShare, gpuLimit} (or leave the key out: "
+         "one team, default)"),
+    ([{"name": "ml\n"}], "gpufleet:teams.0.name: 'ml\\n' is not allowed; 1-15 lowercase letters and digits, "
+                         "starting with a letter (a Slurm account, and the tail of the team's Unix user)"),
+    ([{"name": "ml"}, {"name": "ml"}], "gpufleet:teams: [\"ml\"] is not allowed; each team name once"),
+    ([{"name": "ml", "fairShare": 0}], "gpufleet:teams.0.fairShare: 0 is not allowed; a number >= 1"),
+    ([{"name": "ml", "gpuLimit": -1}], "gpufleet:teams.0.gpuLimit: -1 is not allowed; a number >= 0"),
+    ([{"name": "ml", "gpus": 4}], "gpufleet:teams.0.gpus: 4 is not allowed; unknown key"),
+])
+def test_a_bad_team_is_one_line(teams, message):
+    with pytest.raises(config.ConfigError) as exc:
+        config.parse(raw_dev(**{"gpufleet:teams": teams}), "dev")
+    assert str(exc.value) == message

@@ -35,6 +35,7 @@ class Site:
     partition: str | None = None
     gpus: int = 0               # GPUs of a node of the partition (a job without gpus_per_node gets them all)
     instance_type: str | None = None  # the partition's instance type (records: GPU-hours and cost)
+    account: str | None = None  # the Slurm account (team) the jobs run under; None: the submitter's default
 
 
 def encode(entry: dict) -> str:
@@ -78,6 +79,8 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
              f"#SBATCH --output={site.output_dir}/%x-{'%A_%a' if len(jobs) > 1 else '%j'}.out"]
     if site.partition:
         lines.append(f"#SBATCH --partition={site.partition}")
+    if site.account:
+        lines.append(f"#SBATCH --account={site.account}")
     gpus = site.gpus if head.gpus_per_node is None else min(head.gpus_per_node, site.gpus)
     if head.gpus_per_node is None:
         lines.append("#SBATCH --exclusive")  # one job per node, all of its GPUs

@@ -445,6 +445,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--bucket", default=os.environ.get("GPUFLEET_BUCKET"), help="the stack's bucket")
     p.add_argument("--partition", help="the partition jobs go to (default: Slurm's default partition)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of a node of the partition")
+    p.add_argument("--account", default=os.environ.get("GPUFLEET_ACCOUNT"),
+                   help="the Slurm account (team) jobs from the queue run under (default GPUFLEET_ACCOUNT; none: the "
+                        "bridge user's default account)")
     p.add_argument("--instance-type", help="the partition's instance type (for GPU-hours and cost)")
     p.add_argument("--output-dir", default="/var/log/gpufleet/jobs", help="where Slurm writes job output on nodes")
     p.add_argument("--python", default=sys.executable, help="the nodes' Python with the trainer")
@@ -505,7 +508,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not args.queue_url or not args.bucket:
         raise UsageError("controller: --queue-url and --bucket are required (or GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
-    site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type)
+    site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type,
+                      args.account)
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
     bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site, emitter=emitter,
                     env_keep=EnvKeep(args.env_dir))

@@ -108,7 +108,8 @@ class Cluster:
     min_job_age_s: int = 600         # an ended job stays in squeue this long (then: accounting)
     fast_scheduling: bool = False    # short scheduler passes (the box)
     local_nodes: dict[str, LocalNode] = field(default_factory=dict)  # the box: node name -> its address and port
-    accounting: str | None = None    # slurmdbd host, or None: completed jobs in a file (sacct -c)
+    accounting: str | None = None    # slurmdbd host, or None: completed jobs in a file (sacct -c), no teams
+    accounting_port: int = 6819      # slurmdbd's DbdPort
     job_programs: dict[str, str] | None = None  # prolog, epilog, task_prolog -> path; None: the images' (the box: none)
 
     def nodes(self) -> list[str]:
@@ -123,6 +124,20 @@ def _job_programs(cluster: Cluster) -> dict[str, str]:
 
 def _power_exclusions(cluster: Cluster) -> list[str]:
     return [p.hostlist(1, p.always_on) for p in cluster.partitions if p.always_on]
+
+
+def _accounting(cluster: Cluster) -> list[str]:
+    """slurmdbd keeps the accounting: each team an account (trainer.slurm.accounts) whose associations, GPU limit
+    and fair share Slurm enforces; a job's priority weighs its team's fair share first (multifactor)."""
+    return ["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={cluster.accounting}",
+            f"AccountingStoragePort={cluster.accounting_port}",
+            # munge through the box's own socket (on a node, munged's default socket)
+            *([f"AccountingStoragePass={cluster.munge_socket}"] if cluster.munge_socket else []),
+            "AccountingStorageTRES=gres/gpu",
+            "AccountingStorageEnforce=associations,limits,safe",
+            "PriorityType=priority/multifactor",
+            "PriorityWeightFairshare=10000",
+            "PriorityWeightAge=1000"]
 
 
 def render_slurm_conf(cluster: Cluster) -> str:
@@ -160,8 +175,7 @@ def render_slurm_conf(cluster: Cluster) -> str:
         "SelectTypeParameters=CR_Core_Memory",
         "GresTypes=gpu",
         "JobAcctGatherType=jobacct_gather/none",
-        *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={cluster.accounting}",
-           "AccountingStorageTRES=gres/gpu"] if cluster.accounting else
+        *(_accounting(cluster) if cluster.accounting else
           ["AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/filetxt",
            f"JobCompLoc={cluster.log_dir}/jobcomp.log"]),
         # Requeue: a job that checkpointed and exited 75 runs again; a node failure requeues its jobs; the output
@@ -223,11 +237,16 @@ def render_slurm_conf(cluster: Cluster) -> str:
 
 
 def render_gres_conf(cluster: Cluster) -> str:
-    """gres.conf: each GPU node's GPUs (their device files, which the node image has)."""
+    """gres.conf: each GPU node's GPUs (their device files, which the node image has). A box's node has one, a
+    stand-in: /dev/null (Slurm's gpu plugin counts device files; it allocates and limits the stand-in all the
+    same, and no job here uses a GPU)."""
     lines = ["# Rendered by trainer.slurm.conf: the GPUs of each partition's nodes."]
     for p in cluster.partitions:
         if p.gpus:
             last = p.gpus - 1
             files = "/dev/nvidia0" if last == 0 else f"/dev/nvidia[0-{last}]"
-            lines.append(f"NodeName={p.hostlist()} Name=gpu File={files}")
+            if cluster.local_nodes and p.gpus > 1:
+                raise UsageError(f"partition {p.name}: {p.gpus} GPUs on a local node; a box's node has at most one "
+                                 "(/dev/null stands in for it)")
+            lines.append(f"NodeName={p.hostlist()} Name=gpu File={'/dev/null' if cluster.local_nodes else files}")
     return "\n".join(lines) + "\n"

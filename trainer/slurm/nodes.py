@@ -109,7 +109,9 @@ class LocalProvider(NodeProvider):
     """Nodes as slurmd processes on this host (several ``slurmd -N``), each with its notice watcher.
 
     config: {"provider": "local", "slurm_conf", "run_dir" (slurmd's pid files: SlurmdPidFile's directory),
-    "spool_dir", "python", "nodes": {name: {"imds": the node's metadata endpoint, "notice_file"}}}.
+    "spool_dir", "python", "nodes": {name: {"imds": the node's metadata endpoint, "notice_file"}}, and optionally
+    "stand_ins": a directory first on the watchers' PATH, whose tools stand in for the hardware's (the box's
+    nvidia-smi, which reports its nodes' one stand-in GPU to the health check)}.
     """
 
     def __init__(self, config: dict, config_path: str):
@@ -138,6 +140,8 @@ class LocalProvider(NodeProvider):
             env = {**os.environ, "AWS_EC2_METADATA_SERVICE_ENDPOINT": node["imds"], "SLURM_CONF":
                    self.config["slurm_conf"]}
             env.pop("AWS_EC2_METADATA_DISABLED", None)
+            if self.config.get("stand_ins"):
+                env["PATH"] = os.pathsep.join([self.config["stand_ins"], env.get("PATH", os.defpath)])
             pid = self._daemon([self.config["python"], "-m", "trainer", "nodes", "watch", name, "--config",
                                 self.config_path], env=env, log_path=Path(self.config["log_dir"], f"watch-{name}.log"))
             (self.run_dir / f"watch-{name}.pid").write_text(f"{pid}\n")

@@ -11,8 +11,10 @@ node's notice watcher (gpufleet-watch@NAME) are started.
 
 controller: the munge key (generated and stored in the secret at the stack's first boot, ``create=True``), the
 Slurm state directory (StateSaveLocation, on the shared file system; owned by the slurm user, 0700) and the
-bridge's settings (/etc/gpufleet/bridge.env, read by gpufleet-bridge.service); then munge, slurmctld and the
-bridge are started.
+bridge's settings (/etc/gpufleet/bridge.env, read by gpufleet-bridge.service); then munge, Slurm's accounting
+(MariaDB, and slurmdbd over it, both on loopback; slurmdbd's database password is made at each boot and lives
+only in slurmdbd.conf, 0600 for the slurm user), slurmctld, the teams' accounts (trainer.slurm.accounts, from
+controller.json's teams), the bridge and the healer are started.
 
 A privileged process never writes where a link can be planted: the key and every file here are written to a
 temporary file in their directory (any link at that name is removed, never followed) and renamed over the
@@ -26,13 +28,16 @@ import logging
 import os
 import pwd
 import re
+import secrets
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from trainer.errors import ArgumentParser, Fault, UsageError
 from trainer.node import node_schema
+from trainer.slurm import accounts
 
 log = logging.getLogger("gpufleet.setup")
 
@@ -40,6 +45,10 @@ MUNGE_KEY = "/etc/munge/munge.key"
 SLURMD_DEFAULTS = "/etc/default/slurmd"
 BRIDGE_ENV = "/etc/gpufleet/bridge.env"
 SLURM_CONF = "/etc/slurm/slurm.conf"
+SLURMDBD_CONF = "/etc/slurm/slurmdbd.conf"
+DBD_PORT = 6819       # trainer.slurm.conf's accounting_port
+DATABASE_PORT = 3306  # the image's MariaDB (bound to loopback)
+READY_S = 120.0       # how long slurmdbd and slurmctld may take to answer sacctmgr
 MUNGE_USER = "munge"
 SLURM_USER = "slurm"
 JOB_USER = "gpufleet"                            # the image's job user (ami/scripts/45-slurm.sh)
@@ -66,6 +75,15 @@ def _user(name: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def _command(argv: list[str], input: str | None = None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, input=input)
+    if done.returncode != 0:
+        why = next((ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()),
+                   f"exit status {done.returncode}")
+        raise Fault(f"{argv[0]}: {why}")
+    return done.stdout
+
+
 def _adapter(cloud: str):
     from trainer.clouds import adapter
 
@@ -75,14 +93,17 @@ def _adapter(cloud: str):
 @dataclass
 class System:
     """What setup does to the machine, injectable: ``root`` prefixes every path it writes; ``systemctl(args)``,
-    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)`` and ``adapter(cloud)`` (the cloud module with
-    ``node_name`` and ``munge_key``)."""
+    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)``, ``adapter(cloud)`` (the cloud module with
+    ``node_name`` and ``munge_key``), ``command(argv, input) -> stdout`` (MariaDB's client, sacctmgr; Fault when
+    it fails) and ``sleep``."""
 
     root: Path = Path("/")
     systemctl: Callable[[list[str]], None] = _systemctl
     chown: Callable[[int, int, int], None] = os.fchown
     user: Callable[[str], tuple[int, int]] = _user
     adapter: Callable[[str], object] = _adapter
+    command: Callable[..., str] = _command
+    sleep: Callable[[float], None] = time.sleep
     started: list[str] = field(default_factory=list)
 
     def path(self, absolute: str) -> Path:
@@ -209,6 +230,45 @@ def _env_value(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
+def controller_dbd(password: str) -> accounts.Dbd:
+    """The controller's slurmdbd: on loopback, its database in the controller's MariaDB."""
+    return accounts.Dbd(port=DBD_PORT, storage_port=DATABASE_PORT, storage_user="slurm", storage_pass=password,
+                        slurm_user=SLURM_USER, log_file="/var/log/slurm/slurmdbd.log",
+                        pid_file="/run/slurmdbd/slurmdbd.pid")  # slurmdbd.service's RuntimeDirectory
+
+
+def _until_answered(system: System, what: str, action: Callable[[], object]) -> None:
+    """``action`` until it no longer fails (a daemon just started), READY_S at most; then its Fault."""
+    deadline = time.monotonic() + READY_S
+    while True:
+        try:
+            action()
+            return
+        except Fault as exc:
+            if time.monotonic() > deadline:
+                raise Fault(f"setup: {what} did not answer in {READY_S:.0f} s ({exc})") from None
+            system.sleep(1.0)
+
+
+def start_accounting(settings: dict, system: System, cluster: str, slurm_owner: tuple[int, int]) -> None:
+    """MariaDB, slurmdbd's database user with a password made now, slurmdbd.conf (0600, the slurm user's), slurmdbd,
+    and the cluster registered in it (before slurmctld starts)."""
+    dbd = controller_dbd(secrets.token_hex(16))
+    system.start("mariadb.service")
+    _until_answered(system, "MariaDB", lambda: system.command(["mariadb", "-u", "root"],
+                                                              accounts.database_grants(dbd)))
+    write_file(system, SLURMDBD_CONF, accounts.render_slurmdbd_conf(dbd).encode(), 0o600, owner=slurm_owner)
+    system.start("slurmdbd.service", restart=True)
+    _until_answered(system, "slurmdbd", lambda: accounts.register_cluster(cluster, run=_runner(system)))
+
+
+def _runner(system: System) -> Callable[..., subprocess.CompletedProcess]:
+    """subprocess.run's shape over system.command (what trainer.slurm.accounts calls)."""
+    def run(argv: list[str], **_) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 0, system.command(argv), "")
+    return run
+
+
 def bridge_env(settings: dict) -> str:
     """/etc/gpufleet/bridge.env: gpufleet-bridge.service's EnvironmentFile (its flags and the SDKs' standard
     variables), from controller.json. Nothing secret: the bridge reaches the queue and bucket with the
@@ -217,6 +277,7 @@ def bridge_env(settings: dict) -> str:
         "GPUFLEET_QUEUE_URL": settings["queue_url"], "GPUFLEET_BUCKET": settings["bucket"],
         "GPUFLEET_PARTITION": settings["partition"], "GPUFLEET_GPUS": str(settings["gpus"]),
         "GPUFLEET_INSTANCE_TYPE": settings["instance_type"], "SLURM_CONF": SLURM_CONF,
+        "GPUFLEET_ACCOUNT": accounts.teams_of(settings.get("teams") or [])[0].name,
     }
     cloud = settings["cloud"]
     if cloud in REGION_VARIABLE:
@@ -256,16 +317,25 @@ def setup_node(settings: dict, system: System) -> str:
 
 def setup_controller(settings: dict, system: System) -> None:
     """The controller: munge key (made at the stack's first boot), state directory, the bridge's settings, then
-    munge, slurmctld, the bridge and the heal daemon (trainer.slurm.nodes heal, as the slurm user)."""
+    munge, the accounting (MariaDB, slurmdbd), slurmctld, the teams' accounts, the bridge and the heal daemon
+    (trainer.slurm.nodes heal, as the slurm user)."""
+    teams = accounts.teams_of(settings.get("teams") or [])  # a bad team: one line, before anything is done
     system.user(MUNGE_USER)  # both looked up first: an image without them fails before the secret is touched
     slurm_owner = system.user(SLURM_USER)
+    system.user(JOB_USER)
     module = system.adapter(settings["cloud"])
     write_munge_key(system, module.munge_key(settings, create=True))
     make_private_dir(system, settings["state_dir"], slurm_owner)
     write_file(system, BRIDGE_ENV, bridge_env(settings).encode(), 0o644)
-    for unit in ("munge.service", "slurmctld.service", "gpufleet-bridge.service", "gpufleet-heal.service"):
+    system.start("munge.service", restart=True)
+    start_accounting(settings, system, settings["stack"], slurm_owner)
+    system.start("slurmctld.service", restart=True)
+    # gres/gpu is known to the accounting once slurmctld registered: until then sacctmgr refuses a GPU limit
+    _until_answered(system, "the teams' accounts", lambda: accounts.apply(teams, [JOB_USER], run=_runner(system)))
+    for unit in ("gpufleet-bridge.service", "gpufleet-heal.service"):
         system.start(unit, restart=True)
-    log.info("controller: munge, slurmctld (state in %s), the bridge and heal started", settings["state_dir"])
+    log.info("controller: munge, slurmdbd, slurmctld (state in %s), teams %s, the bridge and heal started",
+             settings["state_dir"], ", ".join(t.name for t in teams))
 
 
 # --- the command --------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_each_node_hands_its_tasks_its_own_credentials_endpoint_and_token(tmp_pa
     otherwise overwrite each other's grant, and one node's token would be refused)."""
     L = lay.Layout(tmp_path / "box", nodes=2, slurmctld_port=7000)
     ports = L.ports()
-    assert sorted(ports.values()) == list(range(7000, 7000 + len(ports))) and len(ports) == 6
+    assert sorted(ports.values()) == list(range(7000, 7000 + len(ports))) and len(ports) == 8
     scripts = lay.job_program_scripts(L, "python3", {"AWS_DEFAULT_REGION": "us-east-1"}, "me", "bucket")
     program = tmp_path / "task_prolog"
     program.write_text(scripts["task_prolog"])

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def steps_of(metrics: Path) -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def taken_port():
-    """A port held here whose next five (the rest of a two-node box's six: slurmctld, slurmd, each node and its
-    credentials endpoint) are free: only the first is reported taken."""
+    """A port held here whose next seven (the rest of a two-node box's eight: slurmctld, slurmd, each node and its
+    credentials endpoint, slurmdbd, MariaDB) are free: only the first is reported taken."""
     def free(port: int) -> bool:
         with socket.socket() as probe:
             try:
@@ -57,10 +58,10 @@ def taken_port():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-            if port < 65530 and all(free(port + i) for i in range(1, 6)):
+            if port < 65528 and all(free(port + i) for i in range(1, 8)):
                 yield port
                 return
-    raise AssertionError("no port with five free ones after it")
+    raise AssertionError("no port with seven free ones after it")
 
 
 def test_a_second_box_and_a_taken_port_are_one_line_each(box, tmp_path):
@@ -84,7 +85,7 @@ def test_without_slurm_box_up_is_one_line(monkeypatch, tmp_path, capsys):
     assert cli.main(["box", "up", "--dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == ("error: box: Slurm is not installed: slurmctld-not-here (slurmctld) missing; run `make tools` (as "
-                   "root) or install the Debian packages slurm-wlm and munge\n")
+                   "root) or install the Debian packages slurm-wlm, slurmdbd, mariadb-server and munge\n")
     assert not (tmp_path / "state.json").exists()
 
 
@@ -98,6 +99,8 @@ def test_an_idle_box_holds_no_node_and_a_sweep_runs_as_one_job_array(box):
     assert sids == [f"{array}_0", f"{array}_1"]  # one sbatch, two array indexes
     assert all(len(r["attempts"]) == 1 and r["attempts"][0]["exit_status"] == 0 for r in recs)
     assert "slurmd and its notice watcher started" in (box.dir / "slurm" / "log" / "power.log").read_text()
+    # through slurmdbd: the bridge submits under the stack's first team (Pulumi.dev.yaml: vision)
+    assert box.slurm("sacct", "-X", "-n", "-P", "-o", "Account", "-j", array).split() == ["vision", "vision"]
 
 
 def test_a_two_node_job_runs_on_both_nodes_and_ships_both_outputs_and_its_metrics(box):
@@ -130,6 +133,35 @@ def test_a_job_submitted_with_sbatch_is_in_jobs_list(box):
     assert listed.returncode == 0, listed.stderr
     row = next(r for r in json.loads(listed.stdout) if r["job_id"] == f"slurm-{job}")
     assert row["state"] == "succeeded" and row["kind"] == "sbatch"
+
+
+def test_each_team_is_an_account_with_its_fair_share_and_its_gpu_limit(box):
+    """gpufleet:teams of Pulumi.dev.yaml: vision (fair share 2), nlp (fair share 1, one GPU at a time)."""
+    rows = [ln.split("|") for ln in box.slurm("sshare", "-n", "-P", "-o", "Account,User,RawShares").splitlines()]
+    shares = {account.strip(): raw for account, user, raw in rows if not user and account.strip() != "root"}
+    assert shares == {"vision": "2", "nlp": "1"}
+    limits = box.slurm("sacctmgr", "-n", "-P", "show", "assoc", "where", "user=", "format=account,grptres")
+    assert set(limits.split()) >= {"vision|", "nlp|gres/gpu=1"}
+    def gpu_job(account: str) -> str:
+        return box.slurm("sbatch", "--parsable", f"--account={account}", "--gres=gpu:1", "-o", "/dev/null",
+                         "--wrap", "sleep 600").strip()
+
+    first, second, other = gpu_job("nlp"), gpu_job("nlp"), gpu_job("vision")
+    try:
+        def states():
+            rows = box.slurm("squeue", "-h", "-o", "%i|%T|%r", "-j", f"{first},{second},{other}").split()
+            return {i: (t, r) for i, t, r in (row.split("|") for row in rows)}
+
+        wait_for(lambda: states().get(first, ("",))[0] == "RUNNING" and states().get(other, ("",))[0] == "RUNNING",
+                 180, "one nlp job and the vision job running")
+        assert states()[second] == ("PENDING", "AssocGrpGRES")  # nlp's limit: one GPU, held by its first job
+        refused = subprocess.run(["sbatch", "--account=nobody", "--wrap", "true"], env=box.env(),
+                                 capture_output=True, text=True)
+        assert refused.returncode == 1 and "Invalid account" in refused.stderr, refused.stderr
+    finally:
+        box.slurm("scancel", first, second, other)
+    wait_for(lambda: not box.slurm("squeue", "-h", "-j", f"{first},{second},{other}", "-o", "%i", check=False).split(),
+             120, "the teams' jobs gone")
 
 
 HOSTILE_CREDENTIALS = """import json, os, urllib.error, urllib.request

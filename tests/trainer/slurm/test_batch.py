@@ -4,6 +4,7 @@ The script is also checked by bash (`bash -n`) and, where installed, by shellche
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import shutil
@@ -230,3 +231,9 @@ def test_a_sweep_as_large_as_the_schema_allows_keeps_every_argument_small():
     one = subprocess.run(["bash", "-s"], input=script.replace("exec srun", "echo"), env={"SLURM_ARRAY_TASK_ID": "399",
                          "SLURM_JOB_NUM_NODES": "1", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
     assert decode(one.stdout.split()[-1]) == specs_of(script)[399]
+
+
+def test_the_site_account_is_the_team_the_job_runs_under():
+    lines = sbatch(render([job()], dataclasses.replace(SITE8, account="vision"), key="m"))
+    assert lines[lines.index("--partition=gpu") + 1] == "--account=vision"
+    assert not any(ln.startswith("--account") for ln in sbatch(render([job()], SITE8, key="m")))

@@ -266,11 +266,16 @@ def test_accounting_off_writes_completed_jobs_to_a_file():
     assert conf["JobAcctGatherType"] == "jobacct_gather/none"
 
 
-def test_accounting_on_uses_slurmdbd():
+def test_accounting_on_uses_slurmdbd_and_enforces_the_teams_accounts_limits_and_fair_share():
     conf = settings(render_slurm_conf(queue_cluster(accounting="controller")))
-    assert (conf["AccountingStorageType"], conf["AccountingStorageHost"], conf["AccountingStorageTRES"]) == (
-        "accounting_storage/slurmdbd", "controller", "gres/gpu")
-    assert "JobCompType" not in conf and "JobCompLoc" not in conf
+    assert (conf["AccountingStorageType"], conf["AccountingStorageHost"], conf["AccountingStoragePort"],
+            conf["AccountingStorageTRES"]) == ("accounting_storage/slurmdbd", "controller", "6819", "gres/gpu")
+    assert conf["AccountingStorageEnforce"] == "associations,limits,safe"
+    assert (conf["PriorityType"], conf["PriorityWeightFairshare"]) == ("priority/multifactor", "10000")
+    assert "JobCompType" not in conf and "JobCompLoc" not in conf and "AccountingStoragePass" not in conf
+    boxed = settings(render_slurm_conf(queue_cluster(accounting="127.0.0.1", accounting_port=7010,
+                                                     munge_socket="/tmp/box/munge.socket")))
+    assert (boxed["AccountingStoragePort"], boxed["AccountingStoragePass"]) == ("7010", "/tmp/box/munge.socket")
 
 
 # --- local nodes (the box) --------------------------------------------------------------------------------------
@@ -515,3 +520,12 @@ def test_a_cloud_clusters_tasks_get_the_nodes_nccl_settings_the_box_has_none():
 
     assert settings(render_slurm_conf(queue_cluster()))["TaskProlog"] == IMAGE_TASK_PROLOG
     assert "TaskProlog" not in settings(render_slurm_conf(box_cluster()))
+
+
+def test_gres_a_box_node_has_one_stand_in_gpu_and_no_more():
+    one = Partition("gpu", 2, 1, 2048, gpus=1)
+    assert gres_lines(box_cluster(partitions=(one,))) == ["NodeName=gpu-[1-2] Name=gpu File=/dev/null"]
+    with pytest.raises(UsageError) as exc:
+        render_gres_conf(box_cluster(partitions=(dataclasses.replace(one, gpus=2),)))
+    assert str(exc.value) == ("partition gpu: 2 GPUs on a local node; a box's node has at most one (/dev/null "
+                              "stands in for it)")

@@ -30,7 +30,9 @@ NODE = {"cloud": "aws", "stack": "dev", "region": "eu-west-1", "slurm": SLURM_OB
 CONTROLLER = {"cloud": "aws", "stack": "dev", "region": "eu-west-1", "bucket": "gpufleet-dev-data",
               "queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/gpufleet-dev-jobs",
               "slurm": SLURM_OBJECT, "partition": "gpu", "gpus": 8, "instance_type": "p5.48xlarge",
-              "state_dir": "/shared/slurm/state", "shared": {"home": "/home", "fs": "fs-0123456789abcdef0"}}
+              "state_dir": "/shared/slurm/state", "shared": {"home": "/home", "fs": "fs-0123456789abcdef0"},
+              "teams": [{"name": "vision", "fair_share": 2, "gpu_limit": None},
+                        {"name": "nlp", "fair_share": 1, "gpu_limit": 8}]}
 
 
 class FakeCloud:
@@ -57,6 +59,15 @@ class Machine:
         self.systemctl_calls: list[list[str]] = []
         self.chowns: list[tuple[str, int, int]] = []
         self.key_at_first_start: bytes | None = None
+        self.commands: list[tuple[list[str], str | None]] = []
+        self.refusals: dict[str, int] = {}  # a command's first word -> how many times it fails before it answers
+
+    def command(self, argv: list[str], input: str | None = None) -> str:
+        self.commands.append((list(argv), input))
+        if self.refusals.get(argv[0]):
+            self.refusals[argv[0]] -= 1
+            raise Fault(f"{argv[0]}: not answering yet")
+        return ""  # MariaDB's client prints nothing; sacctmgr shows no cluster and no association yet
 
     def systemctl(self, args: list[str]) -> None:
         if not self.systemctl_calls:
@@ -76,7 +87,7 @@ class Machine:
 
     def system(self) -> setup.System:
         return setup.System(root=self.root, systemctl=self.systemctl, chown=self.chown, user=self.user,
-                            adapter=lambda cloud: self.cloud)
+                            adapter=lambda cloud: self.cloud, command=self.command, sleep=lambda s: None)
 
 
 @pytest.fixture
@@ -295,12 +306,56 @@ def test_controller_makes_the_key_the_state_directory_and_the_bridge_settings_th
     assert [ln for ln in env.read_text().splitlines() if not ln.startswith("#")] == [
         'GPUFLEET_QUEUE_URL="https://sqs.eu-west-1.amazonaws.com/123456789012/gpufleet-dev-jobs"',
         'GPUFLEET_BUCKET="gpufleet-dev-data"', 'GPUFLEET_PARTITION="gpu"', 'GPUFLEET_GPUS="8"',
-        'GPUFLEET_INSTANCE_TYPE="p5.48xlarge"', 'SLURM_CONF="/etc/slurm/slurm.conf"',
+        'GPUFLEET_INSTANCE_TYPE="p5.48xlarge"', 'SLURM_CONF="/etc/slurm/slurm.conf"', 'GPUFLEET_ACCOUNT="vision"',
         'AWS_DEFAULT_REGION="eu-west-1"']
 
-    assert machine.systemctl_calls == [["restart", "munge.service"], ["restart", "slurmctld.service"],
+    assert machine.systemctl_calls == [["restart", "munge.service"], ["start", "mariadb.service"],
+                                       ["restart", "slurmdbd.service"], ["restart", "slurmctld.service"],
                                        ["restart", "gpufleet-bridge.service"], ["restart", "gpufleet-heal.service"]]
     assert machine.key_at_first_start == KEY
+
+    dbd = machine.root / "etc/slurm/slurmdbd.conf"
+    conf = dict(ln.split("=", 1) for ln in dbd.read_text().splitlines() if not ln.startswith("#"))
+    assert mode(dbd) == 0o600 and owned(dbd, SLURM)
+    assert (conf["SlurmUser"], conf["StorageHost"], conf["DbdAddr"], conf["DbdPort"]) == (
+        "slurm", "127.0.0.1", "127.0.0.1", "6819")
+    (grant_argv, grants), *sacctmgr = machine.commands
+    assert grant_argv == ["mariadb", "-u", "root"] and f"IDENTIFIED BY '{conf['StoragePass']}'" in grants
+    assert len(conf["StoragePass"]) == 32
+    assert [argv for argv, _ in sacctmgr] == [
+        ["sacctmgr", "-n", "-P", "show", "clusters", "format=cluster"], ["sacctmgr", "-i", "add", "cluster", "dev"],
+        ["sacctmgr", "-n", "-P", "show", "associations", "format=account,user,fairshare,grptres"],
+        ["sacctmgr", "-i", "add", "account", "vision", "Description=gpufleet team vision", "Fairshare=2",
+         "GrpTRES=gres/gpu=-1"],
+        ["sacctmgr", "-i", "add", "user", "gpufleet", "account=vision"],
+        ["sacctmgr", "-i", "add", "account", "nlp", "Description=gpufleet team nlp", "Fairshare=1",
+         "GrpTRES=gres/gpu=8"],
+        ["sacctmgr", "-i", "add", "user", "gpufleet", "account=nlp"]]
+
+
+def test_controller_waits_for_mariadb_and_slurmdbd_and_names_the_one_that_never_answers(machine, monkeypatch):
+    write_json(machine.root, "/etc/gpufleet/controller.json", CONTROLLER)
+    machine.refusals = {"mariadb": 2, "sacctmgr": 3}  # each daemon just started: refused a few times, then answers
+    assert run(machine, "controller") == 0
+    assert [argv[0] for argv, _ in machine.commands[:3]] == ["mariadb"] * 3
+    assert machine.systemctl_calls[-1] == ["restart", "gpufleet-heal.service"]
+
+    machine.commands.clear()
+    machine.systemctl_calls.clear()
+    monkeypatch.setattr(setup, "READY_S", 0.0)
+    machine.refusals = {"sacctmgr": 1000}
+    with pytest.raises(Fault) as err:
+        run(machine, "controller")
+    assert str(err.value) == "setup: slurmdbd did not answer in 0 s (sacctmgr: not answering yet)"
+    assert ["restart", "slurmctld.service"] not in machine.systemctl_calls  # never started without its accounting
+
+
+def test_a_bad_team_on_the_controller_is_one_line_before_anything_is_done(machine):
+    write_json(machine.root, "/etc/gpufleet/controller.json", {**CONTROLLER, "teams": [{"name": "ML"}]})
+    with pytest.raises(UsageError) as err:
+        run(machine, "controller")
+    assert str(err.value) == "team 'ML': expected 1-15 lowercase letters and digits, starting with a letter"
+    assert machine.cloud.asked == [] and machine.systemctl_calls == [] and machine.commands == []
 
 
 def test_controller_on_azure_names_its_identity_for_the_bridge(machine):
