@@ -109,7 +109,6 @@ TC_CFS_ACCESS_GROUP = "tencentcloud:Cfs/accessGroup:AccessGroup"
 TC_CFS_ACCESS_RULE = "tencentcloud:Cfs/accessRule:AccessRule"
 TC_SSM_SECRET = "tencentcloud:Ssm/secret:Secret"
 TC_SSM_SECRET_VERSION = "tencentcloud:Ssm/secretVersion:SecretVersion"
-TC_QUEUE = "tencentcloud:Tcmq/queue:Queue"
 TC_CLS_TOPIC = "tencentcloud:Cls/topic:Topic"
 
 # gpufleet's Tencent components (infra/tencent): a Slurm partition, whose properties are {partition, instanceTypes,

@@ -47,7 +47,6 @@ TRANSITIONS = {
     "failed": {"queued"},
     "cancelled": {"queued"},
 }
-REASONS = ("preemption", "failure", "timeout", "cancel", "lost", "dead-lettered")  # of an attempt
 PROGRESS_FIELDS = ("step", "total", "loss", "samples_per_s", "gpu_util")
 PROGRESS_EVERY_S = 30.0
 MAX_TRIES = 50  # read-modify-write cycles before a contended update gives up

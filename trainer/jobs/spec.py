@@ -21,7 +21,6 @@ from trainer.errors import UsageError
 
 SPEC_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("job.schema.json")
-KINDS = ("trainer", "image", "code")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # Variable names that would hold a secret: their values must come from SSM or Key Vault, not the message.
 SECRET_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|API_KEY", re.IGNORECASE)
