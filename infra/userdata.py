@@ -20,6 +20,9 @@ import re
 
 import yaml
 
+from infra import catalog, metrics, slurm
+from infra.aws import efa
+from infra.config import Partition, StackConfig
 from trainer.node import node_schema
 
 NODE_JSON_PATH = node_schema.PATH
@@ -91,6 +94,47 @@ def _start(unit: str) -> list[list[str]]:
     # Enabled, so it runs again after a reboot; --no-block keeps cloud-final from waiting on it (a node's setup
     # waits for its Slurm name).
     return [["systemctl", "daemon-reload"], ["systemctl", "enable", unit], ["systemctl", "start", "--no-block", unit]]
+
+
+def instance_types(cloud: str, part: Partition) -> dict:
+    """node.json's instance_types: what the preflight expects of each type of the partition (GPUs, EFA devices
+    on AWS, NVSwitch, InfiniBand)."""
+    rows = {}
+    for name in part.instance_types:
+        row = catalog.CATALOG[name]
+        rows[name] = {"gpus": row.gpus,
+                      "efa": efa.efa_count(efa.layout(row, part.multi_node)) if cloud == "aws" else 0,
+                      "nvswitch": row.nvswitch, "infiniband_gbps": row.infiniband_gbps}
+    return rows
+
+
+def node_json(cfg: StackConfig, part: Partition, *, bucket: str, asg_name: str, log_group: str, own: dict,
+              slurm_: dict | None, mounts: list | None, registry: str | None = None) -> dict:
+    """A partition's /etc/gpufleet/node.json, the one builder of every cloud's stack, checked by the node schema
+    as its writer: the stack's bucket, metric dimension (``asg_name``), log group and namespace, the partition's
+    instance types, the registry, Slurm's settings, the mounts and the cloud's own object (``own``, under the
+    cloud's name)."""
+    doc = {"cloud": cfg.cloud, "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "asg_name": asg_name,
+           "log_group": log_group, "metric_namespace": metrics.namespace(cfg.stack),
+           "instance_types": instance_types(cfg.cloud, part), "registry": registry, cfg.cloud: own}
+    doc.update({k: v for k, v in (("slurm", slurm_), ("mounts", mounts)) if v is not None})
+    return node_schema.check(doc, complete=True)
+
+
+def controller_json(cfg: StackConfig, *, bucket: str, queue_url: str, log_group: str, slurm_: dict, mounts: list,
+                    own: dict | None = None, **more) -> dict:
+    """The controller's /etc/gpufleet/controller.json, the one builder of every cloud's stack, checked by the
+    node schema as its writer: the bridge's queue and bucket, the first partition (Slurm's default: its name, GPUs
+    and instance type), slurmctld's state directory, the mounts, the teams, the cloud's own object (``own``) and
+    ``more`` (Azure's shared file system)."""
+    first = cfg.partitions[0]
+    doc = {"cloud": cfg.cloud, "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "queue_url": queue_url,
+           "log_group": log_group, "metric_namespace": metrics.namespace(cfg.stack), "slurm": slurm_,
+           "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
+           "state_dir": slurm.STATE_DIR, "mounts": mounts, "teams": [t.as_json() for t in cfg.teams], **more}
+    if own is not None:
+        doc[cfg.cloud] = own
+    return node_schema.check_controller(doc, complete=True)
 
 
 def render_node_user_data(node: dict) -> str:

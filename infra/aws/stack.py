@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra import catalog, metrics, slurm
+from infra import metrics, slurm
 from infra.aws import controller as ctl
 from infra.aws import efa, partition, policies, registry
 from infra.aws.controller import Controller, ControllerArgs
@@ -26,7 +26,7 @@ from infra.aws.registry import Registry, RegistryArgs
 from infra.aws.shared_fs import SharedFs, SharedFsArgs
 from infra.aws.storage import ACCESS_LOGGED, Storage, StorageArgs
 from infra.config import Partition, StackConfig
-from infra.userdata import SLURM_CONF_PATH, render_controller_user_data
+from infra.userdata import SLURM_CONF_PATH, controller_json, node_json, render_controller_user_data
 from trainer.slurm.conf import IMAGE_PROGRAMS, render_gres_conf, render_slurm_conf
 
 
@@ -63,15 +63,9 @@ def node_settings(cfg: StackConfig, part: Partition, names: Names, bucket: str,
     """A partition's /etc/gpufleet/node.json; `registry` is the stack's repository URL, `aws` what the node's
     credentials daemon needs to hand each job its own credentials (the job role, and the bucket its session
     policy narrows to the job's prefix)."""
-    types = {}
-    for name in part.instance_types:
-        row = catalog.CATALOG[name]
-        types[name] = {"gpus": row.gpus, "efa": efa.efa_count(efa.layout(row, part.multi_node)),
-                       "nvswitch": row.nvswitch, "infiniband_gbps": row.infiniband_gbps}
-    return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "bucket": bucket,
-            "asg_name": names.node_group, "log_group": names.log_group, "metric_namespace": names.metric_namespace,
-            "instance_types": types, "registry": registry_url, "slurm": slurm_, "mounts": mounts,
-            "aws": {"job_role_arn": job_role_arn, "bucket": bucket}}
+    return node_json(cfg, part, bucket=bucket, asg_name=names.node_group, log_group=names.log_group,
+                     own={"job_role_arn": job_role_arn, "bucket": bucket}, slurm_=slurm_, mounts=mounts,
+                     registry=registry_url)
 
 
 def nodes_config(cfg: StackConfig, templates: dict[str, str], subnet_ids: dict[str, list[str]],
@@ -92,11 +86,8 @@ def nodes_config(cfg: StackConfig, templates: dict[str, str], subnet_ids: dict[s
 def controller_settings(cfg: StackConfig, names: Names, bucket: str, queue_url: str, slurm_: dict,
                         mounts: list[dict]) -> dict:
     """The controller's /etc/gpufleet/controller.json: the bridge's queue and bucket, the default partition."""
-    first = cfg.partitions[0]
-    return {"cloud": "aws", "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "queue_url": queue_url,
-            "log_group": names.log_group, "metric_namespace": names.metric_namespace, "slurm": slurm_,
-            "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
-            "state_dir": slurm.STATE_DIR, "mounts": mounts, "teams": [t.as_json() for t in cfg.teams]}
+    return controller_json(cfg, bucket=bucket, queue_url=queue_url, log_group=names.log_group, slurm_=slurm_,
+                           mounts=mounts)
 
 
 def controller_user_data(cfg: StackConfig, controller_addr: str, settings: dict, nodes: dict) -> str:

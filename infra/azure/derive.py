@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from infra import metrics, slurm
+from infra import slurm
 from infra.config import Partition, StackConfig
+from infra.userdata import controller_json, node_json
 from infra.preview.cost import AZURE_OS_DISK_GB as NODE_OS_DISK_GB  # the preview prices what the stack makes
 
 # The RDMA/InfiniBand network of ND-series VMs uses 172.16.0.0/16: the VNet must not overlap it.
@@ -189,6 +190,11 @@ def slurm_settings(controller_addr: str, munge_url: str) -> dict:
     return {"controller_addr": controller_addr, "controller_port": slurm.SLURMCTLD_PORT, "munge": munge_url}
 
 
+def log_group(stack: str) -> str:
+    """node.json's log_group on Azure: a name the nodes' log lines carry (Log Analytics has no groups)."""
+    return f"/gpufleet/{stack}"
+
+
 def node_group(stack: str) -> str:
     """The nodes' metric dimension value (metrics.ASG), one for every partition as on AWS."""
     return f"{base_name(stack)}-nodes"
@@ -201,28 +207,10 @@ def node_settings(cfg: StackConfig, part: Partition, *, container_url: str, clie
     """A partition's /etc/gpufleet/node.json (trainer.node.node_schema): `registry` is the login server,
     `key_vault` the name of the stack's Key Vault (the secrets jobs name in their env), `resource_group` the
     nodes' own group."""
-    size = part.primary
-    node = {
-        "cloud": "azure",
-        "stack": cfg.stack,
-        "region": cfg.region,
-        "bucket": container_url,
-        "asg_name": node_group(cfg.stack),
-        "log_group": f"/gpufleet/{cfg.stack}",
-        "metric_namespace": metrics.namespace(cfg.stack),
-        "instance_types": {
-            size.name: {"gpus": size.gpus, "efa": 0, "nvswitch": size.nvswitch,
-                        "infiniband_gbps": size.infiniband_gbps},
-        },
-        "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id,
-                  "key_vault": key_vault},
-        "registry": registry,
-    }
-    if slurm_ is not None:
-        node["slurm"] = slurm_
-    if mounts is not None:
-        node["mounts"] = mounts
-    return node
+    return node_json(cfg, part, bucket=container_url, asg_name=node_group(cfg.stack), log_group=log_group(cfg.stack),
+                     own={"client_id": client_id, "resource_group": resource_group,
+                          "subscription_id": subscription_id, "key_vault": key_vault},
+                     slurm_=slurm_, mounts=mounts, registry=registry)
 
 
 def placement(part: Partition) -> str:
@@ -260,13 +248,10 @@ def controller_settings(cfg: StackConfig, *, container_url: str, queue_url: str,
                         client_id: str, resource_group: str, subscription_id: str, key_vault: str) -> dict:
     """The controller's /etc/gpufleet/controller.json: the bridge's queue and container, the default partition,
     slurmctld's state directory, the mounts and the controller's own identity."""
-    first = cfg.partitions[0]
-    return {"cloud": "azure", "stack": cfg.stack, "region": cfg.region, "bucket": container_url,
-            "queue_url": queue_url, "log_group": f"/gpufleet/{cfg.stack}",
-            "metric_namespace": metrics.namespace(cfg.stack), "slurm": slurm_, "partition": first.name,
-            "gpus": first.primary.gpus, "instance_type": first.instance_types[0], "state_dir": slurm.STATE_DIR,
-            "shared": {"home": HOME, "fs": mounts[0]["source"]}, "mounts": mounts,
-            "azure": {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id,
-                      "key_vault": key_vault}, "teams": [t.as_json() for t in cfg.teams]}
+    return controller_json(cfg, bucket=container_url, queue_url=queue_url, log_group=log_group(cfg.stack),
+                           slurm_=slurm_, mounts=mounts,
+                           own={"client_id": client_id, "resource_group": resource_group,
+                                "subscription_id": subscription_id, "key_vault": key_vault},
+                           shared={"home": HOME, "fs": mounts[0]["source"]})
 
 

@@ -21,8 +21,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from infra import catalog, slurm
+from infra import catalog, metrics, slurm
 from infra.config import Partition, StackConfig
+from infra.userdata import controller_json, node_json
 from infra.regions import TENCENT_REGIONS
 
 VPC_CIDR = "10.72.0.0/16"
@@ -82,7 +83,7 @@ class Names:
         queue = _cmq_name(f"{prefix}-jobs", 64 - len(DEAD_SUFFIX))
         return cls(prefix=prefix, node_group=f"{prefix}-nodes", role=f"{prefix}-nodes",
                    controller_role=f"{prefix}-controller", queue=queue, dlq=queue + DEAD_SUFFIX,
-                   munge=_ssm_name(f"{prefix}-munge"), logset=prefix, metric_namespace=f"gpufleet/{stack}")
+                   munge=_ssm_name(f"{prefix}-munge"), logset=prefix, metric_namespace=metrics.namespace(stack))
 
 
 def _fit(name: str, limit: int) -> str:
@@ -422,26 +423,19 @@ def tencent_settings(region: str, app_id: str, role: str) -> dict:
 def node_settings(cfg: StackConfig, part: Partition, names: Names, *, bucket: str, app_id: str, log_topic: str,
                   munge_secret: str, home_ip: str) -> dict:
     """A partition's /etc/gpufleet/node.json."""
-    types = {t: {"gpus": catalog.CATALOG[t].gpus, "efa": 0, "nvswitch": catalog.CATALOG[t].nvswitch,
-                 "infiniband_gbps": 0} for t in part.instance_types}
-    return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "bucket": f"cos://{bucket}",
-            "asg_name": names.node_group, "log_group": log_topic,
-            "metric_namespace": names.metric_namespace, "instance_types": types,
-            "tencent": tencent_settings(cfg.region, app_id, names.role), "slurm": slurm_settings(munge_secret),
-            "mounts": node_mounts(home_ip)}
+    return node_json(cfg, part, bucket=f"cos://{bucket}", asg_name=names.node_group, log_group=log_topic,
+                     own=tencent_settings(cfg.region, app_id, names.role), slurm_=slurm_settings(munge_secret),
+                     mounts=node_mounts(home_ip))
 
 
 def controller_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: str, log_topic: str,
                         munge_secret: str, home_ip: str, state_ip: str) -> dict:
     """The controller's /etc/gpufleet/controller.json: the bridge's queue and bucket, the default partition, the
     state directory (the state file system's mount), its own CAM role."""
-    first = cfg.partitions[0]
-    return {"cloud": "tencent", "stack": cfg.stack, "region": cfg.region, "bucket": f"cos://{bucket}",
-            "queue_url": queue_url(cfg.region, names.queue), "log_group": log_topic,
-            "metric_namespace": names.metric_namespace, "slurm": slurm_settings(munge_secret),
-            "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
-            "state_dir": slurm.STATE_DIR, "mounts": controller_mounts(home_ip, state_ip),
-            "tencent": tencent_settings(cfg.region, app_id, names.controller_role), "teams": [t.as_json() for t in cfg.teams]}
+    return controller_json(cfg, bucket=f"cos://{bucket}", queue_url=queue_url(cfg.region, names.queue),
+                           log_group=log_topic, slurm_=slurm_settings(munge_secret),
+                           mounts=controller_mounts(home_ip, state_ip),
+                           own=tencent_settings(cfg.region, app_id, names.controller_role))
 
 
 def nodes_config(cfg: StackConfig, names: Names, *, templates: dict[str, str], vpc_id: str,
