@@ -223,7 +223,7 @@ class Box:
         return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("queued ")]
 
     def records(self, jobs: list[str]) -> dict[str, dict]:
-        from trainer.clouds.aws import S3Store
+        from trainer.clouds.s3store import S3Store
         from trainer.jobs.records import RecordStore, UnknownJob
 
         store = RecordStore(S3Store(self.state["bucket"], "", client=self.s3))
@@ -237,7 +237,7 @@ class Box:
 
     def checkpoints(self, jobs: list[str]) -> dict[str, int | None]:
         """The newest checkpoint step of each job in the bucket (its default prefix jobs/<job>/)."""
-        from trainer.clouds.aws import S3Store
+        from trainer.clouds.s3store import S3Store
         from trainer.loop.checkpoint import Checkpointer
 
         out = {}

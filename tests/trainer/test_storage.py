@@ -6,7 +6,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from trainer.errors import UsageError
-from trainer.clouds.aws import S3Store
+from trainer.clouds.s3store import S3Store
 from trainer.loop.storage import LocalStore, open_store
 
 

@@ -3,11 +3,12 @@
 Each implements interfaces that trainer.loop, trainer.node, trainer.jobs and trainer.slurm define; the core picks
 one through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
 cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
-``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node)``, Slurm's
-``NodeProvider(config)``, ``node_name``, ``munge_key``, ``job_issuer(settings)`` where jobs get credentials of
-their own (AWS only: trainer.node.jobcreds) and ``explain(exc)``: the one line (a UsageError for
-the user's setup, a Fault for a runtime fault) that its SDK's credential and connection errors become at the
-command boundary, or None.
+``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node)``, ``job_issuer(settings)``
+where jobs get credentials of their own (AWS only: trainer.node.jobcreds) and ``explain(exc)``: the one line (a
+UsageError for the user's setup, a Fault for a runtime fault) that its SDK's credential and connection errors
+become at the command boundary, or None. Its Slurm side, ``<cloud>_nodes`` (:func:`node_adapter`), provides
+Slurm's ``NodeProvider(config)``, ``node_name`` and ``munge_key``; it builds on the cloud module, never the
+other way round.
 """
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def adapter(cloud: str) -> ModuleType:
 
         raise UsageError(f"cloud {cloud!r} is not supported; expected one of {', '.join(CLOUDS)}")
     return importlib.import_module(f"trainer.clouds.{cloud}")
+
+
+def node_adapter(cloud: str) -> ModuleType:
+    """The cloud's Slurm side (trainer.clouds.<cloud>_nodes): NodeProvider, node_name, munge_key."""
+    adapter(cloud)  # a cloud that is not supported: its one line
+    return importlib.import_module(f"trainer.clouds.{cloud}_nodes")
 
 
 def explain(exc: BaseException):

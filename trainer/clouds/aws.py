@@ -1,5 +1,6 @@
-"""AWS: the S3 checkpoint store, the SQS job queue, the IMDSv2 client and spot interruption watcher, the node
-platform (metric dimensions, SSM secrets, ECR logins) and Slurm's node provider (trainer.clouds.aws_nodes).
+"""AWS: the S3 checkpoint store (trainer.clouds.s3store), the SQS job queue, the IMDSv2 client and the spot
+interruption watcher, the node platform (metric dimensions, SSM secrets, ECR logins); Slurm's node provider builds
+on it (trainer.clouds.aws_nodes).
 
 The metadata base URL is botocore's own ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (default 169.254.169.254);
 ``AWS_EC2_METADATA_DISABLED=true`` turns the client off, as it does botocore's. S3 and SQS follow boto3's
@@ -8,7 +9,6 @@ own configuration (``AWS_ENDPOINT_URL`` points them at any compatible endpoint).
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 import os
@@ -20,10 +20,10 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from trainer.clouds.s3store import S3Store
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
-from trainer.loop.notices import poll_with_backoff
-from trainer.loop.storage import Conflict, MiB, Store
+from trainer.loop.notices import MetadataUnavailable, NoticeWatcher
 from trainer.node import metric_names
 from trainer.node.platform import Platform
 
@@ -35,7 +35,7 @@ SPOT_ACTION = "meta-data/spot/instance-action"
 REBALANCE = "meta-data/events/recommendations/rebalance"
 
 
-class ImdsUnavailable(Exception):
+class ImdsUnavailable(MetadataUnavailable):
     """No instance metadata service answers (not on EC2, disabled, or unreachable)."""
 
 
@@ -127,18 +127,13 @@ def interruption(spot_action: str | None) -> str | None:
         return "spot interruption"
 
 
-class Watcher:
-    """Polls the spot instance-action every ``interval_s`` and sets ``notice`` once it appears.
-
-    A rebalance recommendation is logged, not acted on: it is advice that may never turn into an interruption.
-    """
+class Watcher(NoticeWatcher):
+    """The spot instance-action. A rebalance recommendation is logged, not acted on: it is advice that may never
+    turn into an interruption."""
 
     def __init__(self, notice, imds: Imds | None = None, interval_s: float = 5.0, max_backoff_s: float = 300.0):
-        self.notice = notice
+        super().__init__(notice, interval_s, max_backoff_s, name="imds-watcher")
         self.imds = imds or Imds()
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self.stopped = threading.Event()
         self._rebalance_seen = False
 
     def poll(self) -> str | None:
@@ -147,22 +142,6 @@ class Watcher:
             self._rebalance_seen = True
             log.warning("EC2 rebalance recommendation: interruption risk is elevated; continuing")
         return reason
-
-    def check(self) -> None:
-        """Poll once; set the notice on an interruption."""
-        reason = self.poll()
-        if reason:
-            log.warning("stop notice: %s", reason)
-            self.notice.set(reason)
-
-    def run(self) -> None:
-        poll_with_backoff(self.check, ImdsUnavailable, self.stopped, self.interval_s, self.max_backoff_s,
-                          done=self.notice.is_set)
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="imds-watcher", daemon=True)
-        thread.start()
-        return thread
 
 
 def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> threading.Thread:
@@ -211,169 +190,6 @@ def explain(exc: BaseException) -> UsageError | Fault | None:
 
 
 # --- Checkpoint store: S3 ---------------------------------------------------------------------------
-
-class S3Store(Store):
-    """s3://bucket/prefix through boto3: multipart transfers (TransferConfig) and botocore's standard retries.
-
-    Conditional writes are S3's own (PutObject with If-Match: <ETag> or If-None-Match: *); ``conditional``
-    False (Tencent COS, which documents no If-Match on PUT Object) makes ``write_if`` a plain write.
-    """
-
-    conditional = True
-
-    def __init__(self, bucket: str, prefix: str, *, client=None) -> None:
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.uri = f"s3://{bucket}/{self.prefix}"
-        self.client = client or boto3.client(
-            "s3", config=Config(retries={"mode": "standard", "total_max_attempts": 10}, max_pool_connections=32)
-        )
-        self.transfer = TransferConfig(
-            multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB, max_concurrency=16, use_threads=True
-        )
-
-    def _key(self, key: str) -> str:
-        return self.prefix + key
-
-    def dcp_writer(self, key: str):
-        """Sharded checkpoints through s3torchconnector's DCP writer (the AWS CRT), when it is installed;
-        None: the trainer's DCP writer over this store (boto3)."""
-        crt = self._crt_client()
-        if crt is None:
-            return None
-        from s3torchconnector.dcp import S3StorageWriter
-        from s3torchconnector.dcp.s3_file_system import S3FileSystem
-
-        writer = S3StorageWriter(crt.region, f"s3://{self.bucket}/{self._key(key)}", thread_count=4)
-        writer.fs = S3FileSystem(crt.region, s3_client=crt)  # the writer takes no endpoint of its own
-        return writer
-
-    def dcp_reader(self, key: str):
-        crt = self._crt_client()
-        if crt is None:
-            return None
-        from s3torchconnector.dcp import S3StorageReader
-        from s3torchconnector.dcp.s3_file_system import S3FileSystem
-
-        reader = S3StorageReader(crt.region, f"s3://{self.bucket}/{self._key(key)}")
-        reader.fs = S3FileSystem(crt.region, s3_client=crt, reader_constructor=reader._reader_constructor)
-        return reader
-
-    def _crt_client(self):
-        """An s3torchconnector client in boto3's region, at AWS_ENDPOINT_URL(_S3) when set; None if not installed."""
-        try:
-            import s3torchconnector.dcp  # noqa: F401 (needs its "dcp" extra)
-            from s3torchconnector import S3ClientConfig
-            from s3torchconnector._s3client import S3Client
-        except ImportError:
-            return None
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return S3Client(self.client.meta.region_name, endpoint=endpoint,
-                        s3client_config=S3ClientConfig(force_path_style=bool(endpoint)))
-
-    def _missing(self, exc: Exception) -> bool:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-        return code in ("404", "NoSuchKey", "NotFound")
-
-    def write_bytes(self, key: str, data: bytes) -> None:
-        if len(data) < self.transfer.multipart_threshold:  # one PUT, on this thread (Ctrl-C stops it at once)
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-            return
-        self.client.upload_fileobj(io.BytesIO(data), self.bucket, self._key(key), Config=self.transfer)
-
-    def read_bytes(self, key: str) -> bytes:
-        """Small objects in one GET on this thread; large ones in parallel ranged GETs."""
-        from botocore.exceptions import ClientError
-
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if self._missing(exc):
-                raise FileNotFoundError(f"{self.uri}{key}") from exc
-            raise
-        if resp["ContentLength"] < self.transfer.multipart_threshold:
-            return resp["Body"].read()  # botocore checks the length it reads against ContentLength
-        resp["Body"].close()
-        buf = io.BytesIO()
-        self._download(key, buf)
-        return buf.getvalue()
-
-    def upload_file(self, key: str, path: str | os.PathLike) -> None:
-        self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
-
-    def download_file(self, key: str, path: str | os.PathLike) -> None:
-        with open(path, "wb") as out:
-            self._download(key, out)
-
-    def _download(self, key: str, fileobj) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.download_fileobj(self.bucket, self._key(key), fileobj, Config=self.transfer)
-        except ClientError as exc:
-            if self._missing(exc):
-                raise FileNotFoundError(f"{self.uri}{key}") from exc
-            raise
-
-    def list(self, prefix: str = "") -> list[str]:
-        keys = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
-        for page in pages:
-            keys.extend(obj["Key"][len(self.prefix):] for obj in page.get("Contents", []))
-        return sorted(keys)
-
-    def children(self, prefix: str) -> list[str]:
-        names = []
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self._key(prefix), Delimiter="/")
-        for page in pages:
-            names.extend(p["Prefix"][len(self._key(prefix)):].rstrip("/") for p in page.get("CommonPrefixes", []))
-        return sorted(names)
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if self._missing(exc):
-                return False
-            raise
-        return True
-
-    def read_versioned(self, key: str) -> tuple[bytes, str]:
-        from botocore.exceptions import ClientError
-
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if self._missing(exc):
-                raise FileNotFoundError(f"{self.uri}{key}") from exc
-            raise
-        return resp["Body"].read(), resp["ETag"]
-
-    def write_if(self, key: str, data: bytes, version: str | None) -> str:
-        """412 PreconditionFailed (changed, or present for a create), 409 ConditionalRequestConflict (a
-        concurrent conditional write won) and 404 (an If-Match on a deleted object) are a Conflict."""
-        from botocore.exceptions import ClientError
-
-        condition = {} if not self.conditional else {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
-        try:
-            resp = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
-        except ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status in (409, 412) or (version is not None and self._missing(exc)):
-                raise Conflict(f"{self.uri}{key}: {exc.response.get('Error', {}).get('Code', status)}") from None
-            raise
-        return resp["ETag"]
-
 
 def open_store(uri: str) -> S3Store:
     """s3://bucket/prefix."""
@@ -561,7 +377,5 @@ class NodePlatform(Platform):
         return self._logins.get(host, fetch)
 
 
-# --- Slurm's power saving on EC2, a node's Slurm name and the munge key (trainer/clouds/aws_nodes.py) --------
-from trainer.clouds.aws_nodes import NodeProvider, munge_key, node_name  # noqa: E402,F401
 # --- a job's own credentials: the job role through STS (trainer/clouds/aws_credentials.py) -----------------------
 from trainer.clouds.aws_credentials import job_issuer  # noqa: E402,F401

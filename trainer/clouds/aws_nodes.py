@@ -32,6 +32,7 @@ import re
 import time
 import uuid
 
+from trainer.clouds.aws import Imds, ImdsUnavailable, explain
 from trainer.errors import Fault, UsageError
 from trainer.slurm import client as slurm_client
 from trainer.slurm.nodes import NodeProvider as SlurmNodeProvider
@@ -372,8 +373,6 @@ class NodeProvider(SlurmNodeProvider):
 
     def _told(self, exc: BaseException, action: str, names: list[str]) -> Exception:
         """The one line of an unexpected error (a user's setup: UsageError; else a Fault)."""
-        from trainer.clouds.aws import explain
-
         told = explain(exc)
         if told is not None:
             return told
@@ -392,8 +391,6 @@ def _real_errors(errors: list[dict]) -> list[dict]:
 def node_name(settings: dict, timeout_s: float = 300, ec2=None, imds=None, poll_s: float = 2.0) -> str:
     """This instance's Slurm node name: its ``gpufleet-slurm-node`` tag, which the controller's resume sets just
     after the launch; waits up to ``timeout_s`` for it. The instance id from the metadata service."""
-    from trainer.clouds.aws import Imds, ImdsUnavailable
-
     imds = imds or Imds()
     deadline = time.monotonic() + timeout_s
     instance = None

@@ -41,10 +41,9 @@ import urllib.parse
 import urllib.request
 from urllib.parse import urlparse
 
-from trainer.clouds.azure_nodes import NodeProvider, munge_key, node_name  # noqa: F401 (adapter("azure").X)
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
-from trainer.loop.notices import poll_with_backoff
+from trainer.loop import notices
 from trainer.loop.storage import Conflict, MiB, Store
 from trainer.node.platform import Platform
 
@@ -353,7 +352,7 @@ VM_NAME = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 STOP_EVENTS = frozenset({"Preempt", "Terminate", "Reboot", "Redeploy"})
 
 
-class MetadataUnavailable(Exception):
+class MetadataUnavailable(notices.MetadataUnavailable):
     """No Azure instance metadata service answers here."""
 
 
@@ -392,36 +391,23 @@ class ScheduledEvents:
         return stop_events(json.loads(self._request(EVENTS)), self.vm_name() or None)
 
 
-class ScheduledEventsWatcher(threading.Thread):
-    """Polls every ``interval_s`` and sets ``notice`` on the first stopping event of this VM."""
+class ScheduledEventsWatcher(notices.NoticeWatcher):
+    """The first Scheduled Event that stops this VM."""
 
     def __init__(self, notice, base_url: str = DEFAULT_BASE, interval_s: float = 2.0, max_backoff_s: float = 300.0):
-        super().__init__(name="azure-scheduled-events", daemon=True)
-        self.notice = notice
+        super().__init__(notice, interval_s, max_backoff_s, name="azure-scheduled-events")
         self.events = ScheduledEvents(base_url)
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self.stopped = threading.Event()
 
-    def poll(self) -> list[dict]:
-        """Read the events once; set the notice if one stops this VM; return those events."""
+    def poll(self) -> str | None:
         events = self.events.stopping()
-        if events and not self.notice.is_set():
-            first = events[0]
-            reason = f"azure {first['EventType']} not before {first.get('NotBefore') or 'now'}"
-            log.warning("stop notice: %s", reason)
-            self.notice.set(reason)
-        return events
-
-    def run(self) -> None:
-        poll_with_backoff(self.poll, MetadataUnavailable, self.stopped, self.interval_s, self.max_backoff_s)
+        if not events:
+            return None
+        return f"azure {events[0]['EventType']} not before {events[0].get('NotBefore') or 'now'}"
 
 
 def start_watcher(notice, settings: dict, base_url: str = DEFAULT_BASE, interval_s: float = 2.0) -> ScheduledEventsWatcher:
     """Start the watcher (``settings``, node.json, is part of the ``trainer.loop.notices`` contract; unused here)."""
-    watcher = ScheduledEventsWatcher(notice, base_url=base_url, interval_s=interval_s)
-    watcher.start()
-    return watcher
+    return ScheduledEventsWatcher(notice, base_url=base_url, interval_s=interval_s).start()
 
 
 def open_queue(url: str, region: str | None = None) -> AzureJobQueue:

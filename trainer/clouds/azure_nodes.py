@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
+from trainer.clouds.azure import DEFAULT_BASE
 from trainer.errors import Fault, UsageError
 from trainer.slurm import client as slurm_client
 from trainer.slurm.nodes import NodeProvider as BaseProvider
@@ -581,8 +582,6 @@ def name_from_instance(doc: dict, stack: str | None) -> str | None:
 def node_name(settings: dict, timeout_s: float = 300, *, base_url: str | None = None, poll_s: float = 2.0) -> str:
     """This machine's Slurm node name, from the instance metadata service at ``base_url`` (default: the one
     trainer.clouds.azure uses); waits until the tag is there, a Fault after ``timeout_s``."""
-    from trainer.clouds.azure import DEFAULT_BASE
-
     base = (base_url or DEFAULT_BASE).rstrip("/")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the metadata service: never proxied
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,6 @@
-"""Tencent Cloud: COS checkpoints through the S3 store, the TDMQ CMQ job queue, the spot reclamation watcher,
-Slurm's node provider, node name and munge key (trainer.clouds.tencent_nodes), and the node platform (the instance
-type; no secrets or registry logins through the node's identity yet).
+"""Tencent Cloud: COS checkpoints through the S3 store, the TDMQ CMQ job queue, the spot reclamation watcher and
+the node platform (the instance type; no secrets or registry logins through the node's identity yet). Slurm's node
+provider, node name and munge key build on it (trainer.clouds.tencent_nodes).
 
 The machine's settings are /etc/gpufleet/node.json on a GPU node, else /etc/gpufleet/controller.json on the Slurm
 controller (which has no node.json); both name the cloud, the region and, under ``tencent``, the machine's CAM role.
@@ -32,17 +32,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from trainer.clouds.s3store import S3Store
 from trainer.clouds.tencent_api import (METADATA_ENDPOINT, ApiError, Cmq, Metadata, MetadataUnavailable,
                                         RoleCredentials, StaticCredentials, env_credentials)
-from trainer.clouds.tencent_nodes import NodeProvider, munge_key, node_name  # noqa: F401 (Slurm's entry points)
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
-from trainer.loop.notices import poll_with_backoff
+from trainer.loop.notices import NoticeWatcher
 from trainer.node.platform import Platform
 
 log = logging.getLogger("gpufleet.tencent")
@@ -152,8 +151,6 @@ def cos_client(region: str, provider):
 
 def open_store(uri: str):
     """cos://<bucket>-<appid>/prefix."""
-    from trainer.clouds.aws import S3Store
-
     parsed = urlparse(uri)
     if not parsed.netloc:
         raise UsageError(f"checkpoint URI {uri!r}: missing bucket; expected cos://<bucket>-<appid>/prefix")
@@ -235,32 +232,20 @@ def reclamation(termination_time: str | None) -> str | None:
     return None
 
 
-class SpotWatcher(threading.Thread):
-    """Polls the spot termination time every ``interval_s`` and sets ``notice`` once it appears."""
+class SpotWatcher(NoticeWatcher):
+    """The spot termination time."""
 
     def __init__(self, notice, metadata: Metadata | None = None, interval_s: float = 2.0,
                  max_backoff_s: float = 300.0):
-        super().__init__(name="tencent-spot-watcher", daemon=True)
-        self.notice, self.metadata = notice, metadata or Metadata()
-        self.interval_s, self.max_backoff_s = interval_s, max_backoff_s
-        self.stopped = threading.Event()
+        super().__init__(notice, interval_s, max_backoff_s, name="tencent-spot-watcher")
+        self.metadata = metadata or Metadata()
 
     def poll(self) -> str | None:
-        reason = reclamation(self.metadata.get(SPOT))
-        if reason and not self.notice.is_set():
-            log.warning("stop notice: %s", reason)
-            self.notice.set(reason)
-        return reason
-
-    def run(self) -> None:
-        poll_with_backoff(self.poll, MetadataUnavailable, self.stopped, self.interval_s, self.max_backoff_s,
-                          done=self.notice.is_set)
+        return reclamation(self.metadata.get(SPOT))
 
 
 def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> SpotWatcher:
-    watcher = SpotWatcher(notice, interval_s=interval_s)
-    watcher.start()
-    return watcher
+    return SpotWatcher(notice, interval_s=interval_s).start()
 
 
 # --- Node platform ----------------------------------------------------------------------------------

@@ -25,13 +25,15 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from trainer.loop import notices
+
 METADATA = "http://metadata.tencentyun.com"
 METADATA_ENDPOINT = "TENCENTCLOUD_METADATA_ENDPOINT"   # gpufleet's pointer to a metadata service (tests: a fake)
 REFRESH_MARGIN_S = 900   # past botocore's 15-minute advisory refresh window, so its refresh gets a new key
 CMQ_PATH = "/v2/index.php"
 
 
-class MetadataUnavailable(Exception):
+class MetadataUnavailable(notices.MetadataUnavailable):
     """No Tencent metadata service answers (not on a CVM, or unreachable)."""
 
 

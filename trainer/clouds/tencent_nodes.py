@@ -30,6 +30,7 @@ import uuid
 
 from trainer.clouds.tencent_api import (CVM_VERSION, SSM_VERSION, Api, ApiError, Metadata, MetadataUnavailable,
                                         call_with_backoff, error_message)
+from trainer.clouds.tencent import credentials, region_of
 from trainer.errors import Fault
 from trainer.slurm import client
 from trainer.slurm.nodes import NodeProvider as Provider
@@ -107,8 +108,6 @@ class NodeProvider(Provider):
     @property
     def api(self) -> Api:
         if self._api is None:
-            from trainer.clouds.tencent import credentials
-
             settings = {"cloud": "tencent", "tencent": self.config.get("tencent") or {}}
             self._api = Api(credentials(settings), self.config["region"])
         return self._api
@@ -369,8 +368,6 @@ def _node_tag(row: dict) -> str | None:
 # --- on a node -------------------------------------------------------------------------------------------
 
 def _node_api(settings: dict) -> Api:
-    from trainer.clouds.tencent import credentials, region_of
-
     return Api(credentials(settings), region_of(settings))
 
 

@@ -37,6 +37,7 @@ log = logging.getLogger("trainer")
 MANIFEST = re.compile(r"^step-(\d{9})\.json\Z")
 FORMAT = 1
 SHARDED_FORMAT = 2
+METADATA = ".metadata"  # DCP's metadata file, one of a sharded checkpoint's parts
 
 
 NEARLY_FULL = 1 << 20  # bytes: a disk with less free after a failed write was full
@@ -100,6 +101,17 @@ def from_bytes(data: bytes):
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()  # releases the GIL: runs alongside the upload
+
+
+def verify_present(store: Store, step: int, manifest: dict) -> None:
+    """A sharded checkpoint's DCP metadata and every shard its manifest names are in the store; raises
+    CorruptCheckpoint."""
+    if METADATA not in manifest["parts"]:  # a sharded commit always names it (a format-2 claim over other files)
+        raise CorruptCheckpoint(f"{step_name(step)}: a sharded manifest that names no {METADATA}")
+    listed = set(store.list(step_name(step) + "/"))
+    missing = [name for name in manifest["parts"] if f"{step_name(step)}/{name}" not in listed]
+    if missing:
+        raise CorruptCheckpoint(f"{step_name(step)}: missing shard(s) {', '.join(missing)}")
 
 
 def step_name(step: int) -> str:
@@ -291,14 +303,12 @@ class Checkpointer:
     def latest(self) -> tuple[int, dict, dict[str, bytes] | None] | None:
         """The newest checkpoint that verifies, falling back past corrupt ones with a warning: (step, manifest,
         the parts of a format-1 checkpoint or None for a sharded one, whose shards are checked present)."""
-        from trainer.loop.sharded import verify_present  # torch.distributed.checkpoint only when needed
-
         steps = self.steps()
         for step in steps:
             try:
                 manifest = self.manifest(step)
                 if manifest["format"] == SHARDED_FORMAT:
-                    verify_present(self, step, manifest)
+                    verify_present(self.store, step, manifest)
                     return step, manifest, None
                 return step, manifest, self.load(step)
             except CorruptCheckpoint as exc:

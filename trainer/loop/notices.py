@@ -12,22 +12,50 @@ POLL_S = 2.0  # spot gives two minutes' warning; a few seconds of polling latenc
 log = logging.getLogger("gpufleet.notices")
 
 
-def poll_with_backoff(poll, unavailable: type[Exception], stopped: threading.Event, interval_s: float,
-                      max_backoff_s: float, done=lambda: False) -> None:
-    """A watcher's loop: ``poll()`` every ``interval_s`` until ``stopped`` is set or ``done()``; while the
-    metadata service is ``unavailable`` (off a cloud, or a blip) the delay doubles up to ``max_backoff_s``, and
-    only the first failure of a run of them is logged."""
-    delay = interval_s
-    while not stopped.is_set() and not done():
-        try:
-            poll()
-        except unavailable as exc:
-            if delay == interval_s:
-                log.info("%s; retrying with backoff", exc)
-            delay = min(delay * 2, max_backoff_s)
-        else:
-            delay = interval_s
-        stopped.wait(delay)
+class MetadataUnavailable(Exception):
+    """No instance metadata service answers (off a cloud, disabled, or a blip). Each cloud raises a subclass of
+    its own, which its ``explain`` tells in one line."""
+
+
+class NoticeWatcher(threading.Thread):
+    """The one stop-notice watcher: the cloud's :meth:`poll` (the reason of a stop notice, or None) every
+    ``interval_s``; the first notice sets ``notice`` and ends the watch. While the metadata service is unavailable
+    (MetadataUnavailable) the delay doubles up to ``max_backoff_s``, and only the first failure of a run of them is
+    logged. ``stopped`` ends it early. A cloud subclasses it with its ``poll`` and nothing else."""
+
+    def __init__(self, notice: StopNotice, interval_s: float = POLL_S, max_backoff_s: float = 300.0,
+                 name: str = "notice-watcher"):
+        super().__init__(name=name, daemon=True)
+        self.notice, self.interval_s, self.max_backoff_s = notice, interval_s, max_backoff_s
+        self.stopped = threading.Event()
+
+    def poll(self) -> str | None:
+        raise NotImplementedError
+
+    def check(self) -> str | None:
+        """Poll once; set the notice on the first stop notice. The reason, or None."""
+        reason = self.poll()
+        if reason and not self.notice.is_set():
+            log.warning("stop notice: %s", reason)
+            self.notice.set(reason)
+        return reason
+
+    def run(self) -> None:
+        delay = self.interval_s
+        while not self.stopped.is_set() and not self.notice.is_set():
+            try:
+                self.check()
+            except MetadataUnavailable as exc:
+                if delay == self.interval_s:
+                    log.info("%s; retrying with backoff", exc)
+                delay = min(delay * 2, self.max_backoff_s)
+            else:
+                delay = self.interval_s
+            self.stopped.wait(delay)
+
+    def start(self) -> "NoticeWatcher":
+        super().start()
+        return self
 
 
 def start_watchers(notice: StopNotice, settings: dict) -> list[threading.Thread]:

@@ -33,11 +33,10 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 from torch.distributed.checkpoint.storage import StorageWriter
 
-from trainer.loop.checkpoint import SHARDED_FORMAT, Checkpointer, CorruptCheckpoint, step_name
+from trainer.loop.checkpoint import METADATA, SHARDED_FORMAT, Checkpointer, CorruptCheckpoint, step_name, verify_present
 from trainer.loop.storage import LocalStore, Store
 
 log = logging.getLogger("trainer")
-METADATA = ".metadata"
 
 
 class StoreFileSystem(FileSystemBase):
@@ -230,22 +229,12 @@ class ShardedCheckpoints:
                 self.stager.close()
 
 
-def verify_present(checkpointer: Checkpointer, step: int, manifest: dict) -> None:
-    """DCP's metadata and every shard the manifest names are in the store; raises CorruptCheckpoint."""
-    if METADATA not in manifest["parts"]:  # a sharded commit always names it (a format-2 claim over other files)
-        raise CorruptCheckpoint(f"{step_name(step)}: a sharded manifest that names no {METADATA}")
-    listed = set(checkpointer.store.list(step_name(step) + "/"))
-    missing = [name for name in manifest["parts"] if f"{step_name(step)}/{name}" not in listed]
-    if missing:
-        raise CorruptCheckpoint(f"{step_name(step)}: missing shard(s) {', '.join(missing)}")
-
-
 def download(checkpointer: Checkpointer, step: int, into: Path) -> Path:
     """A committed DCP checkpoint as a local directory (itself for a local store)."""
     manifest = checkpointer.manifest(step)
     if manifest["format"] != SHARDED_FORMAT:
         raise CorruptCheckpoint(f"{step_name(step)} is not a sharded (DCP) checkpoint")
-    verify_present(checkpointer, step, manifest)
+    verify_present(checkpointer.store, step, manifest)
     store = checkpointer.store
     if isinstance(store, LocalStore):
         return store.root / step_name(step)

@@ -173,10 +173,10 @@ def provider(config: dict, path: str) -> NodeProvider:
     name = config.get("provider")
     if name in PROVIDERS:
         return PROVIDERS[name](config, path)
-    from trainer.clouds import adapter
+    from trainer.clouds import node_adapter
 
     try:
-        return adapter(name).NodeProvider(config)
+        return node_adapter(name).NodeProvider(config)
     except (KeyError, AttributeError, ImportError):
         raise UsageError(f"nodes: provider {name!r} is not known; expected local or a cloud with a node "
                          "provider") from None

@@ -85,15 +85,15 @@ def _command(argv: list[str], input: str | None = None) -> str:
 
 
 def _adapter(cloud: str):
-    from trainer.clouds import adapter
+    from trainer.clouds import node_adapter
 
-    return adapter(cloud)
+    return node_adapter(cloud)
 
 
 @dataclass
 class System:
     """What setup does to the machine, injectable: ``root`` prefixes every path it writes; ``systemctl(args)``,
-    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)``, ``adapter(cloud)`` (the cloud module with
+    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)``, ``adapter(cloud)`` (the cloud's Slurm module with
     ``node_name`` and ``munge_key``), ``command(argv, input) -> stdout`` (MariaDB's client, sacctmgr; Fault when
     it fails) and ``sleep``."""
 

@@ -232,7 +232,7 @@ def _called() -> set[str]:
     import boto3
 
     source = "\n".join(p.read_text() for p in (Path(__file__).parents[3] / "trainer").rglob("*.py")
-                       if p.parent.name != "clouds" or p.name.startswith("aws"))  # the AWS side: not the other clouds
+                       if p.parent.name != "clouds" or p.name.startswith(("aws", "s3store")))  # not the other clouds
     operations = set().union(*(boto3.client(s, region_name="eu-west-1").meta.method_to_api_mapping
                                for s in TRAINER_SERVICES))
     named = set(re.findall(r"\.(\w+)\(", source)) | set(re.findall(r"get_paginator\(\s*[\"'](\w+)", source))

@@ -65,7 +65,7 @@ class Box:
         return done.stdout
 
     def records(self):
-        from trainer.clouds.aws import S3Store
+        from trainer.clouds.s3store import S3Store
         from trainer.jobs.records import RecordStore
 
         import boto3

@@ -347,10 +347,13 @@ def test_resume_fail_terminates_the_instance_and_leaves_the_node_down(cloud, pro
     assert NOT_REGISTERED == "resume failed: did not register within ResumeTimeout"
 
 
-def test_the_provider_is_found_through_the_aws_adapter(cloud):
+def test_the_provider_is_found_through_the_aws_node_adapter(cloud):
+    from trainer.clouds import node_adapter
     from trainer.slurm.nodes import provider
 
-    assert aws.NodeProvider is NodeProvider and aws.node_name is node_name and aws.munge_key is munge_key
+    found = node_adapter("aws")
+    assert found.NodeProvider is NodeProvider and found.node_name is node_name and found.munge_key is munge_key
+    assert not hasattr(aws, "NodeProvider")  # the cloud module knows nothing of its Slurm side (no cycle)
     assert isinstance(provider(cloud["config"], "/etc/gpufleet/nodes.json"), NodeProvider)
     with pytest.raises(UsageError, match="lacks region"):
         provider({"provider": "aws", "stack": "dev", "partitions": {"gpu": {}}}, "x")

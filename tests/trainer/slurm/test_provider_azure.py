@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.trainer.fake_azure_compute import FakeAzure
-from trainer.clouds import adapter
+from trainer.clouds import node_adapter
 from trainer.clouds import azure_nodes as az
 from trainer.errors import Fault, UsageError
 
@@ -89,9 +89,9 @@ def vm(name: str) -> str:
 
 # --- the pure parts ---------------------------------------------------------------------------------------------
 
-def test_the_provider_is_the_azure_adapters():
-    assert adapter("azure").NodeProvider is az.NodeProvider
-    assert adapter("azure").munge_key is az.munge_key and adapter("azure").node_name is az.node_name
+def test_the_provider_is_the_azure_node_adapters():
+    assert node_adapter("azure").NodeProvider is az.NodeProvider
+    assert node_adapter("azure").munge_key is az.munge_key and node_adapter("azure").node_name is az.node_name
 
 
 @pytest.mark.parametrize("image, ref", [

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from tests.trainer.fake_tencent import KEY, FakeApi3, FakeCvm, FakeMetadata, FakeSsm
-from trainer.clouds import adapter
+from trainer.clouds import node_adapter
 from trainer.clouds.tencent_api import Api, Credentials, Metadata, RoleCredentials, StaticCredentials
 from trainer.clouds.tencent_nodes import NODE_TAG, NodeProvider, munge_key, node_name
 from trainer.errors import Fault
@@ -113,7 +113,7 @@ def test_resume_launches_each_node_from_the_template_with_its_name_tags_charge_a
 
 
 def test_the_adapter_finds_the_provider_and_a_spot_off_partition_is_all_on_demand(cloud):
-    assert adapter("tencent").NodeProvider is NodeProvider
+    assert node_adapter("tencent").NodeProvider is NodeProvider
     api, _, _ = cloud
     nodes, _ = provider(cloud, with_partition(spot=False, placement_set_id=None))
     nodes.resume(NODES)
