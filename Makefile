@@ -32,7 +32,7 @@ demo: tools venv
 
 bench: tools venv
 	$(PY) -m bench.run
-	$(PY) -m bench.readme
+	$(PY) -m bench.table
 
 clean:
 	rm -rf .venv node_modules package-lock.json *.egg-info trainer/*.egg-info .pytest_cache bench/results.json

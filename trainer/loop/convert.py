@@ -44,12 +44,16 @@ def convert(uri: str, out: str, step: int | None = None) -> int:
     return step
 
 
+def parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m trainer convert",
+                       description="Write the model of a sharded (DCP) checkpoint as one state-dict file.")
+    p.add_argument("--checkpoint-uri", required=True, help="where train wrote its checkpoints")
+    p.add_argument("--out", required=True, help="the file to write (torch.save of the model's state dict)")
+    p.add_argument("--step", type=int, default=None, help="the step to convert (default: the newest)")
+    return p
+
+
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="python -m trainer convert",
-                            description="Write the model of a sharded (DCP) checkpoint as one state-dict file.")
-    parser.add_argument("--checkpoint-uri", required=True, help="where train wrote its checkpoints")
-    parser.add_argument("--out", required=True, help="the file to write (torch.save of the model's state dict)")
-    parser.add_argument("--step", type=int, default=None, help="the step to convert (default: the newest)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     convert(args.checkpoint_uri, args.out, args.step)
     return 0

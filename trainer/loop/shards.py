@@ -462,15 +462,19 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
     return keys
 
 
-def main(argv: list[str]) -> int:
+def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer shards", description="Write shards for `train --dataset`.")
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories of them")
     p.add_argument("--out", required=True, help="a directory or s3://bucket/prefix")
     p.add_argument("--record-bytes", type=int, required=True,
                    help="the model's block_size + 1 (gpt-tiny 33, gpt-small 129, gpt-base 257)")
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="at most (default %(default)s)")
+    return p
+
+
+def main(argv: list[str]) -> int:
     try:
-        args = p.parse_args(argv)
+        args = parser().parse_args(argv)
         keys = write_shards(args.sources, args.out, args.record_bytes, args.shard_bytes)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

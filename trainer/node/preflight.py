@@ -105,11 +105,15 @@ def check(expected: dict, probe) -> list[Finding]:
     return findings
 
 
-def main(argv: list[str] | None = None, probe=None) -> int:
+def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer preflight", description=__doc__.splitlines()[0])
     p.add_argument("--node-json", default=NODE_JSON, help="node settings (default %(default)s)")
     p.add_argument("--instance-type", help="default: from the instance metadata")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, probe=None) -> int:
+    args = parser().parse_args(argv)
     node = node_schema.load(args.node_json)
     instance_type = args.instance_type or open_platform(node).instance_type()
     if not instance_type:
