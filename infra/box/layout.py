@@ -30,7 +30,7 @@ from trainer.slurm.conf import Cluster, LocalNode, Partition
 PARTITION = "gpu"
 DEFAULT_NODES = 2
 CPUS_PER_NODE = 1          # the box's nodes share this machine: one job each, like a GPU node
-GPUS_PER_NODE = 1          # a count Slurm allocates and limits (no device behind it)
+GPUS_PER_NODE = 1          # a stand-in (gres.conf's /dev/null) that Slurm allocates and limits as a GPU
 MEMORY_MB = 2048
 SUSPEND_TIME_S = 60        # idle nodes power down after a minute
 CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)

@@ -132,8 +132,8 @@ class Supervisor:
         self.start_database()
         password = secrets.token_hex(16)
         dbd = lay.dbd(L, password)
-        self._wait_ready("mariadb", ["mariadb", "--no-defaults", f"--socket={L.database_socket}", "-u", "root",
-                                     "-e", accounts.database_grants(dbd)], L.log_dir / "mariadb.err")
+        self._wait_ready("mariadb", ["mariadb", "--no-defaults", f"--socket={L.database_socket}", "-u", "root"],
+                         L.log_dir / "mariadb.err", input=accounts.database_grants(dbd))  # no password in argv
         fd = os.open(L.slurmdbd_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(accounts.render_slurmdbd_conf(dbd))
@@ -153,11 +153,12 @@ class Supervisor:
     def start_slurmdbd(self) -> None:
         self.procs["slurmdbd"] = self._spawn("slurmdbd", ["slurmdbd", "-D"])
 
-    def _wait_ready(self, name: str, argv: list[str], log_file: Path) -> None:
-        """Run ``argv`` until it succeeds (the daemon ``name`` answers), READY_TIMEOUT_S at most."""
+    def _wait_ready(self, name: str, argv: list[str], log_file: Path, input: str | None = None) -> None:
+        """Run ``argv`` (``input`` on its standard input) until it succeeds (the daemon ``name`` answers),
+        READY_TIMEOUT_S at most."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
-            done = subprocess.run(argv, env=self.env(), capture_output=True, text=True)
+            done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, input=input)
             if done.returncode == 0:
                 return
             proc = self.procs.get(name)

@@ -250,7 +250,7 @@ def _until_answered(system: System, what: str, action: Callable[[], object]) -> 
             system.sleep(1.0)
 
 
-def start_accounting(settings: dict, system: System, cluster: str, slurm_owner: tuple[int, int]) -> None:
+def start_accounting(system: System, cluster: str, slurm_owner: tuple[int, int]) -> None:
     """MariaDB, slurmdbd's database user with a password made now, slurmdbd.conf (0600, the slurm user's), slurmdbd,
     and the cluster registered in it (before slurmctld starts)."""
     dbd = controller_dbd(secrets.token_hex(16))
@@ -320,15 +320,15 @@ def setup_controller(settings: dict, system: System) -> None:
     munge, the accounting (MariaDB, slurmdbd), slurmctld, the teams' accounts, the bridge and the heal daemon
     (trainer.slurm.nodes heal, as the slurm user)."""
     teams = accounts.teams_of(settings.get("teams") or [])  # a bad team: one line, before anything is done
-    system.user(MUNGE_USER)  # both looked up first: an image without them fails before the secret is touched
+    system.user(MUNGE_USER)  # all looked up first: an image without them fails before the secret is touched
     slurm_owner = system.user(SLURM_USER)
-    system.user(JOB_USER)
+    system.user(JOB_USER)  # the bridge's user, which submits under the teams' accounts
     module = system.adapter(settings["cloud"])
     write_munge_key(system, module.munge_key(settings, create=True))
     make_private_dir(system, settings["state_dir"], slurm_owner)
     write_file(system, BRIDGE_ENV, bridge_env(settings).encode(), 0o644)
     system.start("munge.service", restart=True)
-    start_accounting(settings, system, settings["stack"], slurm_owner)
+    start_accounting(system, settings["stack"], slurm_owner)
     system.start("slurmctld.service", restart=True)
     # gres/gpu is known to the accounting once slurmctld registered: until then sacctmgr refuses a GPU limit
     _until_answered(system, "the teams' accounts", lambda: accounts.apply(teams, [JOB_USER], run=_runner(system)))
