@@ -446,7 +446,7 @@ class StackConfig(_Frozen):
         for i, name in enumerate(names):
             if not PARTITION_NAME.match(name):
                 raise ConfigError(f"gpufleet:teams.{i}.name", name, "1-15 lowercase letters and digits, starting with "
-                                  "a letter (a Slurm account, and the tail of the team's Unix user)")
+                                  "a letter (a team is a Slurm account of that name)")
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ConfigError("gpufleet:teams", repeated, "each team name once")

@@ -306,7 +306,7 @@ def test_teams_default_to_one_and_dev_names_two_with_shares_and_a_gpu_limit():
     ([], "gpufleet:teams: [] is not allowed; at least one team {name, fairShare, gpuLimit} (or leave the key out: "
          "one team, default)"),
     ([{"name": "ml\n"}], "gpufleet:teams.0.name: 'ml\\n' is not allowed; 1-15 lowercase letters and digits, "
-                         "starting with a letter (a Slurm account, and the tail of the team's Unix user)"),
+                         "starting with a letter (a team is a Slurm account of that name)"),
     ([{"name": "ml"}, {"name": "ml"}], "gpufleet:teams: [\"ml\"] is not allowed; each team name once"),
     ([{"name": "ml", "fairShare": 0}], "gpufleet:teams.0.fairShare: 0 is not allowed; a number >= 1"),
     ([{"name": "ml", "gpuLimit": -1}], "gpufleet:teams.0.gpuLimit: -1 is not allowed; a number >= 0"),
