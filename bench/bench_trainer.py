@@ -158,7 +158,7 @@ def checkpoint_blocking() -> tuple[list[float], float]:
 
 
 def _checkpoint_blocking() -> tuple[list[float], float]:
-    from trainer.loop.sharded import ShardedCheckpoints
+    from trainer.loop.dcp import ShardedCheckpoints
 
     state = blocking_state()
     size = sum(t.numel() * t.element_size() for part in (state["model"], state["optim"]["state"])
@@ -305,7 +305,7 @@ def s3_dcp_candidates() -> list[float]:
     import boto3
     import torch.distributed.checkpoint as dcp
 
-    from trainer.loop.sharded import StoreReader, StoreWriter
+    from trainer.loop.dcp import StoreReader, StoreWriter
 
     state = checkpoint_state()
     with moto_aws():

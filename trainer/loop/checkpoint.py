@@ -4,7 +4,7 @@ Layout under the checkpoint URI, for step N (zero-padded to 9 digits):
   step-N/<part>    the parts, written first;
   step-N.json      the manifest, written last: {"format", "step", "parts": {name: {...}}}.
 Two formats share the protocol. Format 1 ("full"): rank 0's whole-state files model.pt, optim.pt,
-trainer.pt, each with its "sha256" and "bytes". Format 2 ("dcp", trainer.loop.sharded): every rank's
+trainer.pt, each with its "sha256" and "bytes". Format 2 ("dcp", trainer.loop.dcp): every rank's
 torch.distributed.checkpoint shard files and DCP's .metadata, with the world size that wrote them.
 A checkpoint exists only once its manifest does, so a crash mid-save leaves nothing that looks valid.
 Any manifest not of exactly that shape is corrupt (a warning, and the previous checkpoint is used); a

@@ -22,7 +22,7 @@ def convert(uri: str, out: str, step: int | None = None) -> int:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from trainer.loop.sharded import download
+    from trainer.loop.dcp import download
 
     checkpoints = Checkpointer(open_store(uri), keep=1)
     if step is None:

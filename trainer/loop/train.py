@@ -35,7 +35,7 @@ from trainer.loop.storage import open_store
 from trainer.node import node_schema
 
 if TYPE_CHECKING:
-    from trainer.loop.sharded import ShardedCheckpoints
+    from trainer.loop.dcp import ShardedCheckpoints
 
 log = logging.getLogger("trainer")
 NODE_JSON = node_schema.PATH
@@ -139,7 +139,7 @@ class Trainer:
     scaler: torch.amp.GradScaler
     data: DataStream | StreamBatches
     checkpoints: Checkpointer
-    sharded: ShardedCheckpoints | None = None  # DCP checkpoints (trainer.loop.sharded), else whole files
+    sharded: ShardedCheckpoints | None = None  # DCP checkpoints (trainer.loop.dcp), else whole files
 
     def save(self, step: int, background: bool = False, before_commit=None) -> float:
         """Checkpoint step `step`; every rank takes part. All ranks' RNG states are gathered into it.
@@ -259,7 +259,7 @@ class Trainer:
         else:
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-            from trainer.loop.sharded import ShardedCheckpoints
+            from trainer.loop.dcp import ShardedCheckpoints
 
             sharded = self.sharded or ShardedCheckpoints(self.checkpoints, self.ranks.device, background=False)
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
@@ -312,7 +312,7 @@ def build_trainer(cfg: TrainConfig, ranks: Ranks, model: torch.nn.Module, datase
     checkpoints = Checkpointer(open_store(cfg.checkpoint_uri), cfg.keep_checkpoints)
     sharded = None
     if cfg.dcp:
-        from trainer.loop.sharded import ShardedCheckpoints
+        from trainer.loop.dcp import ShardedCheckpoints
 
         sharded = ShardedCheckpoints(checkpoints, ranks.device, background=cfg.async_checkpoint)
     return Trainer(
