@@ -26,7 +26,7 @@ from tests.trainer.dockerd import EXAMPLE_IMAGE, dockerd, host_python_flags, san
 from tests.trainer.fake_azure_identity import FakeAzureIdentity
 from tests.trainer.fake_registry import FakeRegistry
 from tests.trainer.gated import TRAIN, steps, wait_for
-from tests.trainer.test_registry import azure_platform
+from tests.trainer.clouds.test_registry import azure_platform
 from trainer import EXIT_PREEMPTED
 from trainer.clouds.aws import Imds, NodePlatform
 from trainer.errors import UsageError

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from infra.demo.imds import FakeImds
-from tests.trainer.test_preflight import FakeProbe
+from tests.trainer.node.test_preflight import FakeProbe
 from trainer.slurm import nodes
 
 

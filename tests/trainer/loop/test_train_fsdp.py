@@ -20,7 +20,7 @@ from trainer.loop.checkpoint import SHARDED_FORMAT, Checkpointer, from_bytes
 from trainer.loop.model import build_gpt
 from trainer.loop.storage import LocalStore, open_store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMON = ["--model", "gpt-tiny", "--steps", "4", "--warmup-steps", "1", "--lr", "1e-3", "--seed", "3"]
 ENV = {"OMP_NUM_THREADS": "1"}
 

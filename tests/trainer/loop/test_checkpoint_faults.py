@@ -21,7 +21,7 @@ from trainer.errors import Fault
 from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
 from trainer.loop.storage import LocalStore, open_store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "2", "--num-workers", "0",
         "--warmup-steps", "1"]
 

@@ -16,7 +16,7 @@ from trainer.__main__ import main
 from trainer.loop.config import TrainConfig
 from trainer.loop.data import DataStream
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMON = ["--model", "gpt-tiny", "--steps", "4", "--warmup-steps", "1", "--lr", "1e-3", "--seed", "3"]
 
 

@@ -18,7 +18,7 @@ from trainer.__main__ import main
 from trainer.loop.checkpoint import Checkpointer
 from trainer.loop.storage import LocalStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--model", "gpt-tiny", "--batch-size", "4", "--warmup-steps", "3", "--seed", "7"]
 
 

@@ -22,7 +22,7 @@ from trainer.loop.shards import ShardStream, main as shards_main, write_shards
 from trainer.loop.stop import StopNotice
 from trainer.loop.train import train
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RECORD = 33  # gpt-tiny: block_size 32 + 1
 TINY = ["--model", "gpt-tiny", "--batch-size", "4", "--warmup-steps", "2", "--lr", "1e-3", "--seed", "5"]
 

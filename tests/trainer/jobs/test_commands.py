@@ -26,7 +26,7 @@ from trainer.errors import UsageError
 from trainer.loop.shards import write_shards
 from trainer.loop.storage import local_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "2", "--warmup-steps", "1",
         "--log-every", "100"]
 NO_AWS = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None,
@@ -230,14 +230,14 @@ def test_resume_refuses_another_model_and_applies_changed_hyperparameters(tmp_pa
     assert [r["step"] for r in records] == [3, 4]
     assert [r["lr"] for r in records] == pytest.approx([1e-2 * lr_factor(s, 1, 4) for s in (2, 3)])
     # Same model name, other shapes: refused in one line, not a state_dict traceback.
-    factory = ["--model", "tests.trainer.test_commands:width_model"]
+    factory = ["--model", "tests.trainer.jobs.test_commands:width_model"]
     other = str(tmp_path / "other")
     assert main(["train", *TINY, *factory, "--steps", "1", "--checkpoint-uri", other]) == 0
     monkeypatch.setenv("WIDTH_MODEL_EMBD", "64")
     capsys.readouterr()
     assert main(["train", *TINY, *factory, "--steps", "2", "--checkpoint-uri", other]) == 2
     line = capsys.readouterr().err.splitlines()[-1]
-    assert line.startswith(f"error: --model tests.trainer.test_commands:width_model: the checkpoint of step 1 "
+    assert line.startswith(f"error: --model tests.trainer.jobs.test_commands:width_model: the checkpoint of step 1 "
                            f"at {other} holds the weights of another model (size mismatch for")
 
 

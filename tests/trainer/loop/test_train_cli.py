@@ -13,7 +13,7 @@ import pytest
 from trainer.__main__ import main
 from trainer.loop.config import FIELDS, TrainConfig, parse_args
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def one_line_error(capsys, argv) -> str:

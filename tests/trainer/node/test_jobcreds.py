@@ -30,7 +30,7 @@ from trainer.node.jobcreds import PATH, Broker, Denied, job_of, read_grant, remo
 from trainer.slurm import batch
 
 ROLE = "arn:aws:iam::123456789012:role/dev-job"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # --- the session policy ---------------------------------------------------------------------------------------
