@@ -23,6 +23,76 @@ KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification",
         "sshPublicKey", "pullThrough", "partitions", "controller", "teams")
 # The keys one partition is made of when `partitions` is not given (today's single node group).
 SINGLE_GROUP_KEYS = ("mode", "instanceTypes", "nodes", "spot", "onDemandBase")
+
+# What each key means, in the order the docs list them: docs/stacks.md's table is generated from this
+# (`python -m infra.docgen`; tests/test_docs.py fails while they differ).
+KEY_DOCS = {
+    'cloud': (
+        '`aws`, `azure` or `tencent`'),
+    'mode': (
+        '`queue` (single-node jobs) or `gang` (multi-node jobs over EFA/InfiniBand, one instance type, one '
+        'placement group): with `instanceTypes`, `nodes`, `spot` and `onDemandBase` the one Slurm partition '
+        '`gpu`, unless `partitions` is given'),
+    'instanceTypes': (
+        "list; the first is primary (the nodes' shape in Slurm), the rest spot alternatives; all in the "
+        'catalog (`python -m infra.catalog list`)'),
+    'nodes': (
+        '`{min, max}` (`desired` is still read, and ignored: Slurm powers nodes up and down), `0 <= min <= '
+        'max`, `max >= 1`; the first `min` nodes never power down'),
+    'spot': (
+        'bool'),
+    'partitions': (
+        'optional list of Slurm partitions, each `{name, instanceTypes, nodes: {min, max}, spot, '
+        'onDemandBase, gang}` (name: 1-15 lowercase letters and digits; its nodes are '
+        "`<name>-1..<name>-<max>`; the first partition is Slurm's default); excludes `mode`, `instanceTypes`,"
+        ' `nodes`, `spot` and `onDemandBase`'),
+    'teams': (
+        'optional list of `{name, fairShare, gpuLimit}` (name: 1-15 lowercase letters and digits, each once; '
+        "`fairShare` a whole number >= 1, default 1; `gpuLimit` the GPUs a team's running jobs may hold "
+        "together, default none): each team is a Slurm account in the controller's accounting (slurmdbd over "
+        'MariaDB) whose fair share and GPU limit Slurm enforces; default one team, `default`. Jobs from the '
+        "queue run under the first team's account (see "
+        '[Teams](slurm.md#slurm-the-scheduler-trainerslurm-and-a-real-one-in-a-box-gpufleet-box))'),
+    'controller': (
+        "optional `{instanceType}`: the Slurm controller's size (default m6i.large, Standard_D2s_v5, "
+        'S5.LARGE8; the sizes allowed are `CONTROLLER_TYPES` in `infra/catalog.py`)'),
+    'dataClassification': (
+        '`public`, `internal`, `personal` (GDPR; PIPL on Tencent) or `phi` (HIPAA; not on Tencent)'),
+    'allowedRegions': (
+        'list; defaults to EU regions for `personal` and `phi`, mainland China regions for `personal` on '
+        'Tencent'),
+    'tags': (
+        'string map added to every taggable resource, with `data-classification` and `gpufleet-stack`'),
+    'budgetMonthlyUsd': (
+        "number > 0, AWS and Azure: the monthly budget alert and the preview's budget line"),
+    'budgetMonthlyCny': (
+        "number > 0, Tencent (its prices are CNY): the same, in CNY; the other currency's key is an error"),
+    'image': (
+        'AWS `{id: ami-...}` or `{name: <pattern>, owners: [...]}`; Azure gallery image id or marketplace '
+        'URN; Tencent `{id: img-...}` or `{name: <regular expression>}` (newest private image)'),
+    'network': (
+        'optional, AWS: `{vpcId, subnetIds}` to use an existing VPC instead of creating one'),
+    'onDemandBase': (
+        "optional integer (default 0): a spot partition's first N nodes launch on-demand, the rest spot"),
+    'alertEmails': (
+        'optional list of addresses subscribed to budget and alarm notifications (not on Tencent: Cloud '
+        "Monitor notifies CAM users and groups; add recipients to the stack's alert group)"),
+    'alerts': (
+        'optional list of more recipients, each one of `{email: ADDRESS}`, `{https: URL}` (an endpoint that '
+        'confirms SNS subscriptions: paging and incident tools) or `{chat: URL}` (a Slack, Teams, Google Chat'
+        ' or Mattermost incoming webhook; AWS only). Without any recipient the program warns `alerts reach '
+        'nobody` in every preview format'),
+    'sshPublicKey': (
+        'Azure: the OpenSSH public key of the admin user (Azure nodes allow SSH keys only)'),
+    'pullThrough': (
+        'optional, AWS: ECR pull-through cache rules, a list of `{prefix, upstream, credentialSecret?}`; '
+        '`upstream` one of `public.ecr.aws`, `registry.k8s.io`, `quay.io` (no credentials) or '
+        '`registry-1.docker.io`, `ghcr.io`, `registry.gitlab.com`, `<name>.azurecr.io` (with '
+        '`credentialSecret`: the name or ARN of a Secrets Manager secret named `ecr-pullthroughcache/…`, '
+        'holding `username` and `accessToken`, created before `pulumi up`, which looks a name up); `prefix` '
+        '2-30 lowercase characters, one rule per prefix. ECR has no cache for NGC (`nvcr.io`): push those '
+        "images into the stack's repository"),
+}
 PARTITION_NAME = re.compile(r"^[a-z][a-z0-9]{0,14}\Z")  # Slurm node names are <partition>-<n>
 DEFAULT_PARTITION = "gpu"
 REGION_KEY = {"aws": "aws:region", "azure": "azure-native:location", "tencent": "tencentcloud:region"}

@@ -1,12 +1,13 @@
 """The docs (README.md and docs/) name every config key, every command and every flag of `gpufleet` and of
 `python -m trainer`: a key, command or flag added without a word in the docs fails here; and the command
-reference (docs/commands.md) is what `python -m infra.commands_doc` writes from the parsers now."""
+reference (docs/commands.md) and the config table (docs/stacks.md) are what `python -m infra.docgen` writes
+from the code now."""
 from __future__ import annotations
 
 import argparse
 import re
 
-from infra import commands_doc
+from infra import docgen
 from tests.conftest import ROOT
 
 
@@ -47,7 +48,7 @@ def test_every_gpufleet_command_and_flag_is_documented():
 
 def test_every_trainer_command_and_flag_is_documented():
     text = docs_text()
-    parsers = commands_doc.trainer_parsers()
+    parsers = docgen.trainer_parsers()
     assert [cmd for cmd in parsers if f"python -m trainer {cmd}" not in text and f"trainer {cmd}" not in text] == []
     items = [item for cmd, p in parsers.items() for item in commands_and_flags(p, ("trainer", cmd))]
     assert undocumented(items, text) == []
@@ -64,5 +65,14 @@ def test_a_flag_missing_from_the_docs_is_found():
 
 
 def test_the_command_reference_is_what_the_parsers_say():
-    assert (ROOT / "docs" / "commands.md").read_text() == commands_doc.render(), \
-        "docs/commands.md is stale: run `python -m infra.commands_doc`"
+    assert (ROOT / "docs" / "commands.md").read_text() == docgen.render_commands(), \
+        "docs/commands.md is stale: run `python -m infra.docgen`"
+
+
+def test_the_config_table_is_what_the_config_reader_says():
+    from infra import config
+
+    assert set(config.KEY_DOCS) == set(config.KEYS), "every key the reader takes has its meaning, and no other"
+    stacks = (ROOT / "docs" / "stacks.md").read_text()
+    assert stacks == docgen.with_config_table(stacks), "docs/stacks.md's config table is stale: run " \
+        "`python -m infra.docgen`"
