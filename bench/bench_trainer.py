@@ -48,7 +48,8 @@ from trainer.loop.config import TrainConfig  # noqa: E402
 from trainer.loop.data import build_dataset  # noqa: E402
 from trainer.loop.model import build_gpt  # noqa: E402
 from trainer.loop.storage import open_store  # noqa: E402
-from trainer.loop.train import lr_factor, train  # noqa: E402
+from trainer.loop.optim import lr_factor  # noqa: E402
+from trainer.loop.train import train  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the device `train` picks
 STEPS = 520  # past the default checkpoint interval (500), so one periodic and the final checkpoint are in

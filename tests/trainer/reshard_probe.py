@@ -9,27 +9,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from trainer.loop import parallel
 from trainer.loop.config import parse_args
-from trainer.loop.data import build_dataset, build_model
-from trainer.loop.train import build_trainer, setup_ranks
+from trainer.loop.manager import CheckpointManager
+from trainer.loop.parallel import setup_ranks
+from trainer.loop.train import build_trainer
 
 
 def main(argv: list[str]) -> None:
     cfg = parse_args(argv)
     ranks = setup_ranks(sharded=cfg.parallel == "fsdp")
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
-    dataset = build_dataset(cfg, model)
-    parallel.parallelize(model, cfg, ranks.device, ranks.world)
-    trainer = build_trainer(cfg, ranks, model, dataset, use_scaler=False)
-    step, _ = trainer.resume()
+    trainer = build_trainer(cfg, ranks)
+    checkpoints = CheckpointManager(trainer)
+    step = checkpoints.resume()
     model_state, optim_state = get_state_dict(
-        model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if ranks.rank == 0:
         torch.save({"step": step, "model": model_state, "optim": optim_state, "data": trainer.data.state()},
                    os.environ["PROBE_OUT"])
-    trainer.sharded.close()
+    checkpoints.close()
     dist.destroy_process_group()
 
 

@@ -212,10 +212,11 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 # On resume, a flag that differs from the checkpoint's config is refused when the checkpoint cannot serve
-# it (what the weights are, the data position); applied when it changes the rest of the run (the LR
-# schedule, clipping, dropout, precision); any other flag is a setting of this process only.
-REFUSED_ON_RESUME = ("model", "dataset", "batch_size", "grad_accum", "seed")
-APPLIED_ON_RESUME = ("steps", "lr", "warmup_steps", "clip_grad", "dropout", "precision")
+# it (what the weights are, the data order); applied when it changes the rest of the run (the LR schedule,
+# clipping, dropout, precision, how each rank cuts its share of a step); any other flag is a setting of this
+# process only. What a step means is guarded apart: its global batch (global_batch_change).
+REFUSED_ON_RESUME = ("model", "dataset", "seed")
+APPLIED_ON_RESUME = ("steps", "lr", "warmup_steps", "clip_grad", "dropout", "precision", "batch_size", "grad_accum")
 
 
 def resume_changes(saved: dict[str, Any], cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -225,6 +226,31 @@ def resume_changes(saved: dict[str, Any], cfg: TrainConfig) -> tuple[list[str], 
                 if n in saved and saved[n] != getattr(cfg, n)]
 
     return changed(REFUSED_ON_RESUME), changed(APPLIED_ON_RESUME)
+
+
+def _step_samples(batch: int, accum: int, world: int) -> str:
+    return f"{batch * accum * world} samples (--batch-size {batch} x --grad-accum {accum} x {world} ranks)"
+
+
+def global_batch_change(saved: dict[str, Any], saved_world: int, cfg: TrainConfig, world: int,
+                        where: str) -> str | None:
+    """None when this run's step takes as many samples as the checkpoint's did (any per-rank batch, accumulation
+    and rank count that multiply to it: the same samples per step, in the same order); else one line saying
+    what differs and the flags that would keep it on this run's ranks. `where`: the checkpoint."""
+    before, now = saved["batch_size"] * saved["grad_accum"] * saved_world, cfg.batch_size * cfg.grad_accum * world
+    if before == now:
+        return None
+    if before % world:
+        keep = f"no per-rank batch keeps it on {world} ranks: resume on a number of ranks that divides {before}"
+    else:
+        per_rank = before // world
+        ways = [f"--batch-size {per_rank // k} --grad-accum {k}" for k in (cfg.grad_accum, 1) if per_rank % k == 0]
+        if per_rank % cfg.batch_size == 0:
+            ways.insert(0, f"--batch-size {cfg.batch_size} --grad-accum {per_rank // cfg.batch_size}")
+        keep = "keep its step with " + " or ".join(dict.fromkeys(ways))
+    return (f"--batch-size/--grad-accum: steps of {_step_samples(cfg.batch_size, cfg.grad_accum, world)}, but "
+            f"{where} was trained with steps of {_step_samples(saved['batch_size'], saved['grad_accum'], saved_world)}"
+            f"; {keep}, or give another --checkpoint-uri")
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

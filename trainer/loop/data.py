@@ -212,15 +212,18 @@ class StreamBatches:
         self._it = None
 
     def state(self) -> dict:
-        return {"batches": self.taken, "world": self.world}
+        return {"batches": self.taken, "world": self.world, "batch_size": self.loader_args["batch_size"]}
 
     def load_state(self, state: dict) -> None:
         if "batches" not in state:
             raise UsageError("--dataset: the checkpoint holds the position of a built-in or module:factory dataset, "
                              "not of shards; resume with the dataset it was written with")
-        if state.get("world") != self.world:
-            log.warning("data position written by %s ranks, now %d: ranks read other shards than before",
-                        state.get("world"), self.world)
+        was = (state.get("world"), state.get("batch_size", self.loader_args["batch_size"]))
+        if was != (self.world, self.loader_args["batch_size"]):
+            raise UsageError(f"--dataset: each rank reads its own shards in batches, so the data order follows the "
+                             f"ranks and the per-rank batch: the checkpoint read on {was[0]} ranks with --batch-size "
+                             f"{was[1]}, this run has {self.world} with {self.loader_args['batch_size']}; resume with "
+                             "those or give another --checkpoint-uri")
         self.taken, self._it = state["batches"], None
 
     def next(self):

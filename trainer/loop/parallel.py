@@ -12,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
@@ -23,6 +27,30 @@ from trainer.errors import UsageError
 from trainer.loop.config import TrainConfig
 
 log = logging.getLogger("trainer")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def setup_ranks(sharded: bool = False) -> Ranks:
+    """One process per device; under torchrun (or for FSDP), join the process group (NCCL and gloo on GPUs,
+    gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 or sharded:
+        init_process_group(device, world)
+    return Ranks(rank, world, local_rank, device)
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
@@ -56,9 +84,6 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device, world:
                     "whole model")
     wrap_units(units or [model], recompute=cfg.activation_checkpointing, compile_=cfg.compile)
     if cfg.parallel == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         mesh = init_device_mesh(device.type, (world,))
         mixed = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                  if cfg.precision == "bf16" else MixedPrecisionPolicy())
@@ -74,8 +99,6 @@ def parallelize(model: nn.Module, cfg: TrainConfig, device: torch.device, world:
 
 
 def is_sharded(net: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
     return isinstance(net, FSDPModule)
 
 
@@ -107,3 +130,27 @@ def init_process_group(device: torch.device, world: int) -> None:
         dist.init_process_group(backend)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def all_gather_bytes(data: bytes, ranks: Ranks) -> list[bytes]:
+    """Every rank's bytes, on every rank (tensor collectives only: no pickling through numpy)."""
+    if ranks.world == 1:
+        return [data]
+    size = torch.tensor([len(data)], device=ranks.device)
+    sizes = [torch.zeros_like(size) for _ in range(ranks.world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=ranks.device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(ranks.world)]
+    dist.all_gather(gathered, mine)
+    return [bytes(t[: int(s.item())].tolist()) for t, s in zip(gathered, sizes)]
+
+
+def broadcast_flag(flag: bool, ranks: Ranks) -> bool:
+    """Rank 0's flag, on every rank."""
+    if ranks.world == 1:
+        return flag
+    box = torch.tensor([1 if flag else 0], device=ranks.device)
+    dist.broadcast(box, src=0)
+    return bool(box.item())

@@ -212,10 +212,9 @@ def test_resume_refuses_another_model_and_applies_changed_hyperparameters(tmp_pa
                                                                          caplog):
     ck = str(tmp_path / "ck")
     assert main(["train", *TINY, "--steps", "2", "--checkpoint-uri", ck]) == 0
-    assert main(["train", *TINY, "--steps", "3", "--model", "gpt-small", "--batch-size", "4",
-                 "--checkpoint-uri", ck]) == 2
+    assert main(["train", *TINY, "--steps", "3", "--model", "gpt-small", "--seed", "9", "--checkpoint-uri", ck]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"error: --model gpt-small (was gpt-tiny), --batch-size 4 (was 2): the checkpoint of step 2 at {ck} "
+        f"error: --model gpt-small (was gpt-tiny), --seed 9 (was 0): the checkpoint of step 2 at {ck} "
         "was written with other values; resume with them or give another --checkpoint-uri")
     # Changed hyperparameters are applied from the next step, and said so.
     metrics = tmp_path / "m.jsonl"
@@ -224,7 +223,7 @@ def test_resume_refuses_another_model_and_applies_changed_hyperparameters(tmp_pa
                  "--metrics-file", str(metrics)]) == 0
     assert "resuming with changed flags, applied from step 3 on: --steps 4 (was 2), --lr 0.01 (was 0.0003)" \
         in caplog.text
-    from trainer.loop.train import lr_factor
+    from trainer.loop.optim import lr_factor
 
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [3, 4]

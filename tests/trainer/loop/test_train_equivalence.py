@@ -112,3 +112,50 @@ def test_a_stop_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(range(1, 9))
+
+
+def drop_newest(ck: Path, step: int) -> None:
+    """Leave the checkpoint of `step` uncommitted (its manifest gone): a resume takes the one before."""
+    (ck / f"step-{step:09d}.json").unlink()
+
+
+def test_a_resume_may_cut_the_global_batch_otherwise_but_not_change_it(tmp_path, capsys, caplog):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    train_flags = ["train", *COMMON, "--checkpoint-every", "2", "--checkpoint-uri", str(ck), "--metrics-file",
+                   str(metrics)]
+    assert main([*train_flags, "--batch-size", "2", "--grad-accum", "2"]) == 0
+    whole = losses(metrics)
+    drop_newest(ck, 4)
+    capsys.readouterr()
+    # Half the global batch: refused in one line that names the flags keeping it.
+    assert main([*train_flags, "--batch-size", "2"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --batch-size/--grad-accum: steps of 2 samples (--batch-size 2 x --grad-accum 1 x 1 ranks), but the "
+        f"checkpoint of step 2 at {ck} was trained with steps of 4 samples (--batch-size 2 x --grad-accum 2 x 1 "
+        "ranks); keep its step with --batch-size 2 --grad-accum 2 or --batch-size 4 --grad-accum 1, or give "
+        "another --checkpoint-uri")
+    # The same global batch in one micro-batch: the same samples per step, so the same training.
+    assert main([*train_flags, "--batch-size", "4"]) == 0
+    assert losses(metrics)[4:] == pytest.approx(whole[2:], rel=1e-5)
+    assert "applied from step 3 on: --batch-size 4 (was 2), --grad-accum 1 (was 2)" in caplog.text
+
+
+@pytest.mark.slow
+def test_two_ranks_resumed_on_one_keep_their_global_batch_or_are_refused(tmp_path, capsys, caplog):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainer", "train", *COMMON, "--batch-size", "4", "--checkpoint-every", "2",
+           "--checkpoint-uri", str(ck), "--metrics-file", str(metrics)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two_ranks = losses(metrics)
+    drop_newest(ck, 4)
+    capsys.readouterr()
+    one_rank = ["train", *COMMON, "--checkpoint-uri", str(ck), "--metrics-file", str(metrics)]
+    assert main([*one_rank, "--batch-size", "4"]) == 2  # was: half the global batch, silently
+    assert "keep its step with --batch-size 4 --grad-accum 2 or --batch-size 8 --grad-accum 1" in \
+        capsys.readouterr().err
+    assert main([*one_rank, "--batch-size", "4", "--grad-accum", "2"]) == 0
+    assert losses(metrics)[4:] == pytest.approx(two_ranks[2:], rel=1e-5)
+    assert "checkpoint written by 2 ranks, now 1: RNG streams restart" in caplog.text

@@ -166,18 +166,19 @@ def assert_same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
-RESHARD = [*COMMON, "--steps", "3", "--batch-size", "2", "--parallel", "fsdp", "--checkpoint-every", "0"]
+RESHARD = [*COMMON, "--steps", "3", "--parallel", "fsdp", "--checkpoint-every", "0"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("writers,readers", [(2, 1), (1, 2), (2, 4)])
 def test_a_checkpoint_of_w_ranks_resumes_exactly_on_other_world_sizes(tmp_path, writers, readers):
     ck = tmp_path / "ck"
-    torchrun(writers, "train", *RESHARD, "--checkpoint-uri", str(ck))
+    torchrun(writers, "train", *RESHARD, "--batch-size", "2", "--checkpoint-uri", str(ck))
     saved = full_checkpoint(ck, 3)
     probe = tmp_path / "probe.pt"
-    torchrun(readers, *RESHARD, "--checkpoint-uri", str(ck), module="tests.trainer.reshard_probe",
-             env={"PROBE_OUT": str(probe)})
+    same_global_batch = str(2 * writers // readers)
+    torchrun(readers, *RESHARD, "--batch-size", same_global_batch, "--checkpoint-uri", str(ck),
+             module="tests.trainer.reshard_probe", env={"PROBE_OUT": str(probe)})
     loaded = torch.load(probe, weights_only=False)
     assert loaded["step"] == 3
     assert_same(loaded["model"], saved["model"], "model")

@@ -16,7 +16,8 @@ from trainer.loop.config import TrainConfig
 from trainer.loop.data import build_dataset, build_model, default_workers, stdlib_sources
 from trainer.loop.metrics import MetricsFile, Progress
 from trainer.loop.storage import LocalStore
-from trainer.loop.train import lr_factor, native_bf16, precision_plan
+from trainer.loop.optim import lr_factor
+from trainer.loop.train import native_bf16, precision_plan
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():

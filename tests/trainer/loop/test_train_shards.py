@@ -213,4 +213,18 @@ def test_two_ranks_read_disjoint_s3_shards_and_learn(text, tmp_path, bucket):
     losses = [r["loss"] for r in records(metrics)]
     assert len(losses) == 8 and losses[-1] < losses[0]
     state = torch.load(tmp_path / "ck" / "step-000000008" / "trainer.pt", weights_only=True)
-    assert state["data"] == {"batches": 8, "world": 2}
+    assert state["data"] == {"batches": 8, "world": 2, "batch_size": 4}
+
+
+def test_a_shard_run_resumes_only_with_its_ranks_and_per_rank_batch(tmp_path, capsys, text):
+    write_shards([str(text)], str(tmp_path / "shards"), RECORD, shard_bytes=20 * RECORD)
+    ck = str(tmp_path / "ck")
+    argv = ["train", *TINY, "--steps", "2", "--dataset", str(tmp_path / "shards"), "--checkpoint-uri", ck]
+    assert main(argv) == EXIT_OK
+    capsys.readouterr()
+    # The same global batch in two micro-batches: but a rank's shards are cut into batches of its own size.
+    line = one_line_error(capsys, [*argv[:-2], "--steps", "3", "--batch-size", "2", "--grad-accum", "2",
+                                   "--checkpoint-uri", ck])
+    assert line == ("error: --dataset: each rank reads its own shards in batches, so the data order follows the "
+                    "ranks and the per-rank batch: the checkpoint read on 1 ranks with --batch-size 4, this run has "
+                    "1 with 2; resume with those or give another --checkpoint-uri")
