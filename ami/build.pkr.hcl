@@ -14,37 +14,23 @@ build {
     destination = "/tmp/gpufleet-ami/"
   }
 
-  provisioner "shell" {
-    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
-    execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
-    inline           = [for s in local.steps_before_reboot : "bash /tmp/gpufleet-ami/scripts/${s}"]
+  # The scripts in three phases, the build machine rebooted between them (into the kernel and driver just
+  # installed); the phase after a reboot waits for the machine to be back.
+  dynamic "provisioner" {
+    for_each = [local.steps_before_reboot, ["reboot"], local.steps, ["reboot"], local.steps_after_reboot]
+    labels   = ["shell"]
+    content {
+      pause_before      = provisioner.key > 0 && provisioner.value != ["reboot"] ? "30s" : "0s"
+      environment_vars  = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
+      execute_command   = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
+      inline            = [for s in provisioner.value : s == "reboot" ? "systemctl reboot" : "bash /tmp/gpufleet-ami/scripts/${s}"]
+      expect_disconnect = provisioner.value == ["reboot"]
+    }
   }
 
   provisioner "shell" {
-    execute_command   = "chmod +x {{ .Path }}; sudo {{ .Path }}"
-    inline            = ["systemctl reboot"]
-    expect_disconnect = true
-  }
-
-  provisioner "shell" {
-    pause_before     = "30s"
-    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
-    execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
-    inline           = [for s in local.steps : "bash /tmp/gpufleet-ami/scripts/${s}"]
-  }
-
-  provisioner "shell" {
-    execute_command   = "chmod +x {{ .Path }}; sudo {{ .Path }}"
-    inline            = ["systemctl reboot"]
-    expect_disconnect = true
-  }
-
-  provisioner "shell" {
-    pause_before     = "30s"
-    environment_vars = ["GPUFLEET_CLOUD=${local.cloud[source.type]}", "GPUFLEET_MANIFEST=/tmp/gpufleet-ami/versions.json"]
-    execute_command  = "chmod +x {{ .Path }}; {{ .Vars }} sudo -E {{ .Path }}"
-    inline = concat([for s in local.steps_after_reboot : "bash /tmp/gpufleet-ami/scripts/${s}"],
-    ["rm -rf /tmp/gpufleet-ami", "apt-get clean", "cloud-init clean --logs"])
+    execute_command = "chmod +x {{ .Path }}; sudo {{ .Path }}"
+    inline          = ["rm -rf /tmp/gpufleet-ami", "apt-get clean", "cloud-init clean --logs"]
   }
 
   # Azure images must be generalized by the agent before capture.

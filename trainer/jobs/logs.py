@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterator
 
 from trainer.loop.storage import MiB, Store
+from trainer.periodic import Periodic
 
 log = logging.getLogger("gpufleet.logs")
 
@@ -34,19 +35,20 @@ def chunk_key(job_id: str, attempt: int, node: str, seq: int) -> str:
     return f"{prefix(job_id, attempt)}{_NODE.sub('_', node) or 'node'}/{seq:08d}.log"
 
 
-class LogShipper:
-    """Ships the growth of ``path`` to the store as chunks of at most ``chunk_bytes``."""
+class LogShipper(Periodic):
+    """Ships the growth of ``path`` to the store as chunks of at most ``chunk_bytes``; on close, all that is left
+    (the final flush)."""
 
     def __init__(self, store: Store, job_id: str, attempt: int, node: str, path, *, every_s: float = EVERY_S,
                  chunk_bytes: int = CHUNK_BYTES, poll_s: float = POLL_S):
+        super().__init__(self._tick, poll_s, f"logs-{job_id}", final=self.ship, on_error=self._not_shipped)
         self.store, self.path = store, path
         self.job_id, self.attempt, self.node = job_id, attempt, node
-        self.every_s, self.chunk_bytes, self.poll_s = every_s, chunk_bytes, poll_s
+        self.every_s, self.chunk_bytes = every_s, chunk_bytes
         self.offset = 0
         self.seq = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._last = time.monotonic()
 
     def _waiting(self) -> int:
         try:
@@ -72,27 +74,16 @@ class LogShipper:
                     sent += 1
         return sent
 
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self.poll_s):
-            if time.monotonic() - last >= self.every_s or self._waiting() >= self.chunk_bytes:
-                try:
-                    self.ship()
-                except Exception as exc:  # the store is away for a while: keep the output, send it next time
-                    log.warning("job %s: output not shipped yet (%s)", self.job_id, exc)
-                last = time.monotonic()
+    def _tick(self) -> None:
+        """Every ``poll_s``: a shipment once ``every_s`` passed since the last one, or a chunk is waiting."""
+        if time.monotonic() - self._last >= self.every_s or self._waiting() >= self.chunk_bytes:
+            try:
+                self.ship()
+            finally:
+                self._last = time.monotonic()
 
-    def start(self) -> "LogShipper":
-        self._thread = threading.Thread(target=self._run, name=f"logs-{self.job_id}", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop following and ship everything left (the final flush)."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-        self.ship()
+    def _not_shipped(self, exc: Exception) -> None:  # the store is away for a while: keep the output, send it next time
+        log.warning("job %s: output not shipped yet (%s)", self.job_id, exc)
 
 
 def attempts(store: Store, job_id: str) -> list[int]:

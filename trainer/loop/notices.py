@@ -6,6 +6,7 @@ import threading
 
 from trainer.clouds import adapter, node_cloud
 from trainer.loop.stop import StopNotice
+from trainer.periodic import Periodic
 
 POLL_S = 2.0  # spot gives two minutes' warning; a few seconds of polling latency is plenty
 
@@ -17,7 +18,7 @@ class MetadataUnavailable(Exception):
     its own, which its ``explain`` tells in one line."""
 
 
-class NoticeWatcher(threading.Thread):
+class NoticeWatcher(Periodic):
     """The one stop-notice watcher: the cloud's :meth:`poll` (the reason of a stop notice, or None) every
     ``interval_s``; the first notice sets ``notice`` and ends the watch. While the metadata service is unavailable
     (MetadataUnavailable) the delay doubles up to ``max_backoff_s``, and only the first failure of a run of them is
@@ -25,9 +26,9 @@ class NoticeWatcher(threading.Thread):
 
     def __init__(self, notice: StopNotice, interval_s: float = POLL_S, max_backoff_s: float = 300.0,
                  name: str = "notice-watcher"):
-        super().__init__(name=name, daemon=True)
-        self.notice, self.interval_s, self.max_backoff_s = notice, interval_s, max_backoff_s
-        self.stopped = threading.Event()
+        super().__init__(self._round, interval_s, name, at_once=True)
+        self.notice, self.max_backoff_s = notice, max_backoff_s
+        self.delay = interval_s
 
     def poll(self) -> str | None:
         raise NotImplementedError
@@ -40,22 +41,21 @@ class NoticeWatcher(threading.Thread):
             self.notice.set(reason)
         return reason
 
-    def run(self) -> None:
-        delay = self.interval_s
-        while not self.stopped.is_set() and not self.notice.is_set():
-            try:
-                self.check()
-            except MetadataUnavailable as exc:
-                if delay == self.interval_s:
-                    log.info("%s; retrying with backoff", exc)
-                delay = min(delay * 2, self.max_backoff_s)
-            else:
-                delay = self.interval_s
-            self.stopped.wait(delay)
+    def _round(self) -> None:
+        if self.notice.is_set():  # this watcher's or another's: the watch is over
+            self.stopped.set()
+            return
+        try:
+            self.check()
+        except MetadataUnavailable as exc:
+            if self.delay == self.interval_s:
+                log.info("%s; retrying with backoff", exc)
+            self.delay = min(self.delay * 2, self.max_backoff_s)
+        else:
+            self.delay = self.interval_s
 
-    def start(self) -> "NoticeWatcher":
-        super().start()
-        return self
+    def next_wait(self) -> float:
+        return self.delay
 
 
 def start_watchers(notice: StopNotice, settings: dict) -> list[threading.Thread]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trainer.node import metric_names as names
+from trainer.periodic import Periodic
 
 
 def record(namespace: str, dimensions: dict[str, str], metrics: dict[str, float],
@@ -109,43 +110,13 @@ class Emitter:
             self.out.flush()
 
 
-class _Every:
-    """Calls ``flush`` every ``interval_s`` on a thread, and once more on close."""
-
-    interval_s: float
-    thread_name = "emf"
-
-    def __init__(self):
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def flush(self) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.flush()
-
-    def start(self):
-        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-        self.flush()
-
-
-class GpuSampler(_Every):
-    """Emits this node's GPU utilisation once per interval while it runs, busy or idle (nothing without GPUs)."""
-
-    thread_name = "emf-gpu"
+class GpuSampler(Periodic):
+    """Emits this node's GPU utilisation once per interval while it runs, busy or idle (nothing without GPUs), and
+    once more on close."""
 
     def __init__(self, emitter: Emitter, interval_s: float = 60.0, gpu=None):
-        super().__init__()
-        self.emitter, self.interval_s = emitter, interval_s
+        super().__init__(self.flush, interval_s, "emf-gpu", final=self.flush)
+        self.emitter = emitter
         self.gpu = gpu if gpu is not None else gpu_utilisation
 
     def flush(self) -> None:
@@ -154,14 +125,12 @@ class GpuSampler(_Every):
             self.emitter.emit({names.GPU_UTILIZATION: util})
 
 
-class MetricsTail(_Every):
+class MetricsTail(Periodic):
     """Follows a train metrics file and emits one summary per interval (plus a last one on close)."""
 
-    thread_name = "emf-tail"
-
     def __init__(self, path: str | os.PathLike, emitter: Emitter, interval_s: float = 60.0):
-        super().__init__()
-        self.path, self.emitter, self.interval_s = Path(path), emitter, interval_s
+        super().__init__(self.flush, interval_s, "emf-tail", final=self.flush)
+        self.path, self.emitter = Path(path), emitter
         self.offset = 0
         self.last_step: int | None = None
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainer.jobs.logs import LogShipper
 from trainer.jobs.records import RecordStore, with_progress
+from trainer.periodic import Periodic
 
 log = logging.getLogger("gpufleet.tracking")
 
@@ -92,34 +93,26 @@ class Output:
             log.warning("job output not shipped (%s); it stays in %s", exc, self.path)
 
 
-class Tracking:
+class Tracking(Periodic):
     """While the attempt runs: its progress (the metrics file, read every ``poll_s``) into the record at most every
-    ``progress_every_s`` (the record store's limit)."""
+    ``progress_every_s`` (the record store's limit); on close, its last progress."""
 
     def __init__(self, records: RecordStore, job_id: str, metrics: str | None, total: int | None,
                  poll_s: float = POLL_S, gpu_util=lambda: None):
+        super().__init__(self._progress, poll_s, "job-record", final=self._last_progress, on_error=self._not_updated)
         self.records, self.job_id, self.metrics, self.total = records, job_id, metrics, total
-        self.poll_s, self.gpu_util = poll_s, gpu_util
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-record", daemon=True)
+        self.gpu_util = gpu_util
 
-    def start(self) -> "Tracking":
-        self._thread.start()
-        return self
+    def _progress(self) -> None:
+        newest = last_metrics(self.metrics) if self.metrics else None
+        if newest:
+            self.records.progress(self.job_id, progress_of(newest, self.total, self.gpu_util()))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                newest = last_metrics(self.metrics) if self.metrics else None
-                if newest:
-                    self.records.progress(self.job_id, progress_of(newest, self.total, self.gpu_util()))
-            except Exception as exc:  # the bucket away for a moment: the job goes on
-                log.warning("job %s: its record could not be updated (%s)", self.job_id, exc)
+    def _not_updated(self, exc: Exception) -> None:  # the bucket away for a moment: the job goes on
+        log.warning("job %s: its record could not be updated (%s)", self.job_id, exc)
 
-    def close(self) -> None:
-        """Stop polling; the attempt's last progress is written whatever the rate limit (the record's end)."""
-        self._stop.set()
-        self._thread.join()
+    def _last_progress(self) -> None:
+        """The attempt's last progress, written whatever the rate limit (the record's end)."""
         newest = last_metrics(self.metrics) if self.metrics else None
         if newest:
             progress = progress_of(newest, self.total, self.gpu_util())

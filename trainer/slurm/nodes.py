@@ -34,6 +34,7 @@ from pathlib import Path
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.node import metric_names
+from trainer.periodic import Periodic
 from trainer.slurm import client
 from trainer.slurm.client import SlurmError, SlurmNode
 
@@ -324,7 +325,9 @@ def serve_heal(stop: threading.Event, every_s: float = HEAL_EVERY_S, emitter=Non
              RESUME_FAIL_HOLD_S)
     first_seen: dict[str, float] = {}
     last_gauges: float | None = None
-    while not stop.is_set():
+
+    def heal_round() -> None:
+        nonlocal last_gauges
         try:
             nodes = slurm.nodes()
             now = clock()
@@ -334,7 +337,8 @@ def serve_heal(stop: threading.Event, every_s: float = HEAL_EVERY_S, emitter=Non
             heal(nodes, now, slurm, first_seen)
         except SlurmError as exc:
             log.warning("Slurm: %s; trying again", exc)
-        stop.wait(every_s)
+
+    Periodic(heal_round, every_s, "heal", at_once=True, stopped=stop).run()  # in this thread: a signal sets stop
     return 0
 
 
