@@ -1,6 +1,7 @@
 """`train --dataset s3://bucket/prefix | DIR`: shards written by trainer.loop.shards, streamed per rank, exact resume."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -56,6 +57,10 @@ def test_write_shards_cuts_whole_records(text, tmp_path):
     assert all(len(s) % RECORD == 0 and len(s) <= 10_000 for s in shards)
     whole = stdlib_sources(40_000)
     assert b"".join(shards) == whole[:len(whole) // RECORD * RECORD]  # in order; the incomplete record dropped
+    manifest = json.loads((tmp_path / "shards" / ".shards.json").read_text())
+    assert manifest == {"format": 2, "record_bytes": RECORD, "shards": keys, "chunk_bytes": 1 << 20,
+                        "digests": {k: {"bytes": len(s), "sha256": [hashlib.sha256(s).hexdigest()]}
+                                    for k, s in zip(keys, shards)}}  # shards under 1 MiB: one chunk each
 
 
 def test_write_shards_cli(text, tmp_path, capsys, bucket):
