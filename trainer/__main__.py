@@ -13,7 +13,7 @@ import os
 import sys
 
 from trainer import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
-from trainer.errors import Fault, UsageError
+from trainer.errors import Fault, UsageError, one_line
 
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "train": "trainer.loop.cli",
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         told = exc if isinstance(exc, (UsageError, Fault)) else explain(exc)
         if told is None:
             raise
-        print(f"error: {told}", file=sys.stderr)
+        print(f"error: {one_line(told)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(told, UsageError) else EXIT_FAULT
 
 

@@ -18,3 +18,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+def one_line(exc: Exception) -> str:
+    """The one line of a UsageError or Fault, also when a DataLoader worker raised it: torch raises it again in
+    the main process with the worker's traceback as its message, whose last line is the worker's exception."""
+    text = str(exc)
+    head, _, rest = text.partition("\n")
+    if rest and head.startswith(f"Caught {type(exc).__name__} in DataLoader worker"):
+        last = rest.rstrip("\n").rsplit("\n", 1)[-1]
+        prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+        if last.startswith(prefix):
+            return last[len(prefix):]
+    return text

@@ -2,15 +2,26 @@
 
 A shard is a flat file of fixed-size records (``record_bytes`` each, e.g. token windows). The
 location is listed once, when the dataset is built. S3 reads are ranged GETs of ``block_bytes``
-blocks, kept in a local cache directory (the node's scratch disk) so a second epoch reads no
-object storage. The cache keeps to CACHE_SHARE of its disk (what it holds plus what was free when a
-process first wrote to it), dropping the least recently used blocks; a full disk drops more and tries
-again, then stops with one line; blocks half-written by a killed process are removed. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable: each
-rank reads its own whole shards, and DataLoader workers take its batches in turn.
+blocks (of the object as listed: its ETag is sent with each GET), kept in a local cache directory (the
+node's scratch disk) so a second epoch reads no object storage. The cache keeps to CACHE_SHARE of its
+disk (what it holds plus what was free when a process first wrote to it), dropping the least recently
+used blocks; a full disk drops more and tries again, then stops with one line; blocks half-written by a
+killed process are removed. ``ShardDataset`` is map-style (any sampler); ``ShardStream`` is iterable:
+each rank reads its own whole shards, and DataLoader workers take its batches in turn.
+
+The cache is shared by the node's jobs, so nothing read from it is trusted: a cached block is named by
+the bucket, key and ETag listed when the dataset was built, must be a plain file (never a link) of the
+block's length, and, when the location's manifest has digests, its CHUNK_BYTES chunks must hash (SHA-256)
+to the manifest's, read from object storage when the dataset was built. A block that does not is logged,
+dropped and read again from the object; bytes from the object that do not match their digests stop the
+run (Fault: the shard changed since its manifest was written). A manifest without digests (written
+before format 2), or none, leaves the length check only, said once in the log. Local directories are read
+in place, uncached and unchecked.
 
 ``python -m trainer shards --out LOCATION --record-bytes N SOURCE...`` writes shards from text
-files or directories (``write_shards``), and beside them ``.shards.json`` ({"format", "record_bytes",
-"shards"}): a location holds shards of one record size, and a reader refuses another size in one line.
+files or directories (``write_shards``), and beside them ``.shards.json``: {"format": 2, "record_bytes",
+"shards": [key, ...], "chunk_bytes", "digests": {key: {"bytes", "sha256": [hex digest of each chunk]}}}.
+A location holds shards of one record size, and a reader refuses another size in one line.
 """
 from __future__ import annotations
 
@@ -39,7 +50,10 @@ log = logging.getLogger("gpufleet.shards")
 DEFAULT_BLOCK_BYTES = 8 << 20
 CACHE_SHARE = 0.8  # of the cache disk's room (free + cached) the data cache may fill
 DEFAULT_SHARD_BYTES = 64 << 20
+CHUNK_BYTES = 1 << 20  # a digest per MiB of a shard: blocks of any multiple of it are checked whole
+DIGEST = hashlib.sha256
 MANIFEST = ".shards.json"
+MANIFEST_FORMAT = 2  # 1: no digests
 MAKE_SHARDS = "python -m trainer shards --out LOCATION --record-bytes {n} SOURCE..."
 
 
@@ -55,6 +69,33 @@ def read_manifest(data: bytes | None, where: str) -> dict | None:
         raise UsageError(f"{where}/{MANIFEST} is not a shard manifest ({exc}); remove it or write the shards "
                          "again") from None
     return manifest
+
+
+def chunk_digests(data: bytes, chunk_bytes: int) -> list[str]:
+    """Hex SHA-256 of each ``chunk_bytes`` chunk of ``data`` (the last one may be shorter)."""
+    view = memoryview(data)
+    return [DIGEST(view[i:i + chunk_bytes]).hexdigest() for i in range(0, len(data), chunk_bytes)]
+
+
+def manifest_digests(manifest: dict | None, where: str) -> tuple[int, dict[str, tuple[int, bytes]]] | None:
+    """(chunk_bytes, {key: (bytes, the chunks' digests concatenated)}) of a manifest, None when it has none."""
+    if manifest is None or "digests" not in manifest:
+        return None
+    try:
+        chunk, entries = manifest.get("chunk_bytes"), manifest["digests"]
+        if not isinstance(chunk, int) or chunk < 1 or not isinstance(entries, dict):
+            raise ValueError("no positive integer chunk_bytes, or digests not an object")
+        digests = {}
+        for key, entry in entries.items():
+            size, sums = entry["bytes"], bytes.fromhex("".join(entry["sha256"]))
+            if not isinstance(size, int) or len(sums) != -(-size // chunk) * DIGEST().digest_size:
+                raise ValueError(f"the digests of {key} do not cover its {size!r} bytes")
+            digests[key] = (size, sums)
+    except (ValueError, TypeError, KeyError) as exc:
+        why = f"a digests entry has no {exc}" if isinstance(exc, KeyError) else exc
+        raise UsageError(f"{where}/{MANIFEST} is not a shard manifest ({why}); remove it or write the shards "
+                         "again") from None
+    return chunk, digests
 
 
 @dataclass(frozen=True)
@@ -110,6 +151,62 @@ class _S3Source:
             raise UsageError(f"--dataset: cannot list {self.uri}: {exc.response['Error']['Code']}") from None
         self.manifest = read_manifest(data, self.uri.rstrip("/"))
         self.shards.sort(key=lambda s: s.key)
+        self._check_digests()
+
+    def _check_digests(self) -> None:
+        """Keep the manifest's digests of the listed shards (read from the bucket now, never from the cache);
+        say once when cached blocks can be checked by length only."""
+        self.chunk_bytes, self.digests = 0, {}
+        found = manifest_digests(self.manifest, self.uri.rstrip("/"))
+        if found is None:
+            log.warning("data cache: %s %s, so cached blocks of its shards are checked by length only; write "
+                        "the shards again with python -m trainer shards to have them checked against digests",
+                        self.uri, f"has no {MANIFEST}" if self.manifest is None else
+                        f"has a {MANIFEST} without digests (format {self.manifest.get('format', 1)})")
+            return
+        self.chunk_bytes, digests = found
+        if self.block_bytes % self.chunk_bytes:
+            raise UsageError(f"block_bytes {self.block_bytes}: {self.uri} has digests of {self.chunk_bytes}-byte "
+                             f"chunks; read it in blocks of a multiple of {self.chunk_bytes} bytes")
+        unlisted = []
+        for shard in self.shards:
+            size, sums = digests.get(shard.key[len(self.prefix):], (None, b""))
+            if size is None:
+                unlisted.append(self.name(shard))
+            elif size != shard.size:
+                raise Fault(f"shard {self.name(shard)} changed since its manifest was written: {shard.size} bytes, "
+                            f"the manifest's digests are of {size}; write the shards again with python -m trainer "
+                            "shards")
+            else:
+                self.digests[shard.key] = sums
+        if unlisted:
+            log.warning("data cache: %d shards under %s are not in its %s (%s), so their cached blocks are checked "
+                        "by length only", len(unlisted), self.uri, MANIFEST, " ".join(unlisted[:3])
+                        + (" ..." if len(unlisted) > 3 else ""))
+
+    def _matches(self, shard: Shard, index: int, data: bytes) -> bool:
+        """Whether block ``index`` of ``shard`` hashes to the manifest's digests (True when it has none)."""
+        sums = self.digests.get(shard.key)
+        if sums is None:
+            return True
+        if len(data) != min(self.block_bytes, shard.size - index * self.block_bytes):
+            return False
+        size = DIGEST().digest_size
+        first = index * (self.block_bytes // self.chunk_bytes)
+        view = memoryview(data)
+        for k, i in enumerate(range(0, len(data), self.chunk_bytes), start=first):
+            if DIGEST(view[i:i + self.chunk_bytes]).digest() != sums[k * size:(k + 1) * size]:
+                return False
+        return True
+
+    def _verified(self, path: Path, shard: Shard, index: int, data: bytes | None) -> bytes | None:
+        """A cached block that hashes to its digests; None (and the entry removed) for one that does not."""
+        if data is None or self._matches(shard, index, data):
+            return data
+        log.warning("data cache: %s does not hash to the digests of block %d of %s in its manifest (another "
+                    "process rewrote it); dropped, read again from the object", path, index, self.name(shard))
+        path.unlink(missing_ok=True)
+        return None
 
     def name(self, shard: Shard) -> str:
         return f"s3://{self.bucket}/{shard.key}"
@@ -132,13 +229,13 @@ class _S3Source:
         name = hashlib.sha256(f"{self.bucket}/{shard.key}/{shard.etag}".encode()).hexdigest()[:32]
         path = self.cache_dir / name / f"{self.block_bytes}-{index}"
         length = min(self.block_bytes, shard.size - index * self.block_bytes)
-        data = _cached_block(path, length)
+        data = self._verified(path, shard, index, _cached_block(path, length))
         if data is None:
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = _open_unlinked_link(path.parent / f".{path.name}.lock")
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other readers of this block wait, then hit the cache
-                data = _cached_block(path, length)
+                data = self._verified(path, shard, index, _cached_block(path, length))
                 if data is None:
                     data = self._download(shard, index, path)
             finally:
@@ -153,6 +250,10 @@ class _S3Source:
         end = min(start + self.block_bytes, shard.size) - 1
         data = self.client.get_object(Bucket=self.bucket, Key=shard.key, Range=f"bytes={start}-{end}",
                                       IfMatch=shard.etag)["Body"].read()
+        if not self._matches(shard, index, data):
+            raise Fault(f"shard {self.name(shard)} changed since its manifest was written: bytes {start}-{end} do "
+                        f"not hash to the digests in {self.uri}{MANIFEST}; write the shards again with "
+                        "python -m trainer shards")
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         self._make_room(len(data))
         for attempt in (1, 2):
@@ -417,16 +518,20 @@ def _source_files(source: str) -> list[Path]:
     raise UsageError(f"source {source!r}: no such file or directory")
 
 
-def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                 chunk_bytes: int = CHUNK_BYTES) -> list[str]:
     """Cut the bytes of text files (directories: their files, in path order) into records of record_bytes
     and write them as shards ``shard-00000.bin``, ... of whole records to ``out`` (a directory or
-    s3://bucket/prefix). An incomplete last record is dropped. Returns the shard keys written.
+    s3://bucket/prefix), and the manifest with the SHA-256 of each ``chunk_bytes`` chunk of each shard.
+    An incomplete last record is dropped. Returns the shard keys written.
     """
     from trainer.loop.storage import open_store
 
     if record_bytes < 2 or shard_bytes < record_bytes:
         raise UsageError(f"--record-bytes {record_bytes} / --shard-bytes {shard_bytes}: expected "
                          "2 <= record bytes <= shard bytes")
+    if chunk_bytes < 1:
+        raise UsageError(f"chunk_bytes {chunk_bytes}: expected a positive number of bytes")
     files = [f for s in sources for f in _source_files(s)]
     store = open_store(out)
     try:
@@ -440,11 +545,12 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
         raise UsageError(f"--out {out}: holds shards of {held['record_bytes']}-byte records; refusing to add "
                          f"{record_bytes}-byte records to them; write to another location or remove the old shards")
     per_shard = shard_bytes // record_bytes * record_bytes
-    keys, pending = [], bytearray()
+    keys, pending, digests = [], bytearray(), {}
 
     def flush(n: int) -> None:
-        key = f"shard-{len(keys):05d}.bin"
-        store.write_bytes(key, bytes(pending[:n]))
+        key, data = f"shard-{len(keys):05d}.bin", bytes(pending[:n])
+        store.write_bytes(key, data)
+        digests[key] = {"bytes": n, "sha256": chunk_digests(data, chunk_bytes)}
         del pending[:n]
         keys.append(key)
 
@@ -456,7 +562,8 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
         flush(len(pending) // record_bytes * record_bytes)
     if not keys:
         raise UsageError(f"sources {', '.join(sources)}: fewer than {record_bytes} bytes, not one record")
-    store.write_bytes(MANIFEST, json.dumps({"format": 1, "record_bytes": record_bytes, "shards": keys}).encode())
+    store.write_bytes(MANIFEST, json.dumps({"format": MANIFEST_FORMAT, "record_bytes": record_bytes, "shards": keys,
+                                            "chunk_bytes": chunk_bytes, "digests": digests}).encode())
     for key in set((held or {}).get("shards", [])) - set(keys):  # an earlier, longer run's shards
         store.delete(key)
     return keys

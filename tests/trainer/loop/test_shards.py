@@ -1,13 +1,17 @@
 """Shards from S3 (moto server over real HTTP): listing, rank/worker split, ranged reads, local cache."""
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+
 import boto3
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.errors import UsageError
-from trainer.loop.shards import ShardDataset, ShardStream, assign, blocks, parse_s3_uri
+from trainer.errors import Fault, UsageError
+from trainer.loop.shards import ShardDataset, ShardStream, assign, blocks, parse_s3_uri, write_shards
 
 RECORD = 12  # bytes: 3 int32 values
 SHARD_RECORDS = (5, 7, 4, 6, 3)
@@ -31,6 +35,22 @@ def bucket(moto_endpoint):
 
 def every_record() -> list[list[int]]:
     return torch.cat([shard_values(k) for k in range(len(SHARD_RECORDS))]).view(-1, 3).tolist()
+
+
+CHUNK = 16  # bytes a digest covers: a 32-byte block is two chunks; a 60-byte shard's last block 28 bytes, 1.75 chunks
+
+
+@pytest.fixture
+def written(bucket, tmp_path) -> list[str]:
+    """The same records written by write_shards to s3://data/sums/: 5 shards of 5 records (60 bytes), and a
+    manifest with the SHA-256 of each 16-byte chunk."""
+    source = tmp_path / "records.bin"
+    source.write_bytes(b"".join(bytes(shard_values(k).untyped_storage()) for k in range(len(SHARD_RECORDS))))
+    return write_shards([str(source)], "s3://data/sums", RECORD, shard_bytes=5 * RECORD, chunk_bytes=CHUNK)
+
+
+def length_only(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "checked by length only" in r.getMessage()]
 
 
 def test_pure_helpers():
@@ -74,6 +94,91 @@ def test_a_poisoned_block_or_a_planted_link_in_the_shared_cache_is_not_read_or_f
     assert [fresh[i].tolist() for i in range(len(fresh))] == every_record()  # read again from the object
     assert victim.read_bytes() == b"keep me" and not lock.is_symlink()
     assert first.read_bytes() != b"POISONPOISON"
+
+
+def test_a_cached_block_poisoned_with_bytes_of_its_own_length_is_dropped_and_the_object_read(written, tmp_path,
+                                                                                               caplog):
+    """Finding 3 as users saw it: another job overwrote a cached block with POISONPOISON... of the block's own
+    length, and a training read it back (the cache checked only the length)."""
+    manifest = json.loads(boto3.client("s3").get_object(Bucket="data", Key="sums/.shards.json")["Body"].read())
+    first = boto3.client("s3").get_object(Bucket="data", Key="sums/shard-00000.bin")["Body"].read()
+    assert manifest["chunk_bytes"] == CHUNK and manifest["digests"]["shard-00000.bin"] == {
+        "bytes": 60, "sha256": [hashlib.sha256(first[i:i + CHUNK]).hexdigest() for i in range(0, 60, CHUNK)]}
+    cache = tmp_path / "cache"
+    ds = ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=cache, block_bytes=2 * CHUNK)
+    assert [ds[i].tolist() for i in range(len(ds))] == every_record()
+    poisoned = sorted(cache.rglob("32-1"))  # the last block of each shard, 28 bytes
+    assert len(poisoned) == 5 and {p.stat().st_size for p in poisoned} == {28}
+    for path in poisoned[1:]:
+        path.write_bytes((b"POISON" * 5)[:28])
+    with caplog.at_level(logging.WARNING, logger="gpufleet.shards"):
+        fresh = ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=cache, block_bytes=2 * CHUNK)
+        assert [fresh[i].tolist() for i in range(len(fresh))] == every_record()  # the objects' bytes
+    dropped = [r.getMessage() for r in caplog.records if "does not hash" in r.getMessage()]
+    assert len(dropped) == 4 and all(any(f"data cache: {p} does not hash to the digests of block 1 of s3://data/sums/"
+                                         in line for line in dropped) for p in poisoned[1:])
+    assert all(p.read_bytes() != (b"POISON" * 5)[:28] and p.stat().st_size == 28 for p in poisoned)  # fetched again
+    assert not length_only(caplog)
+    for k in range(5):  # from now on, the cache only: it holds the objects' bytes
+        boto3.client("s3").delete_object(Bucket="data", Key=f"sums/shard-{k:05d}.bin")
+    assert [fresh[i].tolist() for i in range(len(fresh))] == every_record()
+
+
+def test_shards_without_digests_still_read_and_say_once_that_blocks_are_checked_by_length_only(bucket, tmp_path,
+                                                                                               caplog):
+    with caplog.at_level(logging.WARNING, logger="gpufleet.shards"):
+        ds = ShardDataset("s3://data/train", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=40)
+        assert [ds[i].tolist() for i in range(len(ds))] == every_record()
+    assert length_only(caplog) == [
+        "data cache: s3://data/train/ has no .shards.json, so cached blocks of its shards are checked by length "
+        "only; write the shards again with python -m trainer shards to have them checked against digests"]
+    caplog.clear()
+    old = {"format": 1, "record_bytes": RECORD, "shards": [f"shard-{k:03d}.bin" for k in range(len(SHARD_RECORDS))]}
+    bucket.put_object(Bucket="data", Key="train/.shards.json", Body=json.dumps(old).encode())  # written before digests
+    with caplog.at_level(logging.WARNING, logger="gpufleet.shards"):
+        ds = ShardDataset("s3://data/train", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=40)
+        assert [ds[i].tolist() for i in range(len(ds))] == every_record()  # from the cache
+        ds = ShardDataset("s3://data/train", RECORD, torch.int32, cache_dir=tmp_path / "new", block_bytes=40)
+        assert [ds[i].tolist() for i in range(len(ds))] == every_record()  # from the objects
+    assert length_only(caplog) == [
+        "data cache: s3://data/train/ has a .shards.json without digests (format 1), so cached blocks of its shards "
+        "are checked by length only; write the shards again with python -m trainer shards to have them checked "
+        "against digests"] * 2  # once per dataset, not per block
+
+
+def test_a_shard_rewritten_after_its_manifest_stops_with_one_line(written, tmp_path):
+    s3 = boto3.client("s3")
+    body = s3.get_object(Bucket="data", Key="sums/shard-00001.bin")["Body"].read()
+    s3.put_object(Bucket="data", Key="sums/shard-00001.bin", Body=body[::-1])  # same length, other bytes
+    cache = tmp_path / "cache"
+    ds = ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=cache, block_bytes=2 * CHUNK)
+    assert [ds[i].tolist() for i in range(5)] == every_record()[:5]  # shard 0 is as its manifest says
+    with pytest.raises(Fault) as told:
+        ds[5]
+    assert str(told.value) == (
+        "shard s3://data/sums/shard-00001.bin changed since its manifest was written: bytes 0-31 do not hash to the "
+        "digests in s3://data/sums/.shards.json; write the shards again with python -m trainer shards")
+    assert len(list(cache.rglob("32-*"))) == 2  # shard 0's blocks; none of the changed shard's bytes
+    s3.put_object(Bucket="data", Key="sums/shard-00002.bin", Body=body + body[:RECORD])  # another length
+    with pytest.raises(Fault, match=r"^shard s3://data/sums/shard-00002.bin changed since its manifest was written: "
+                                    r"72 bytes, the manifest's digests are of 60; write the shards again with "
+                                    r"python -m trainer shards$"):
+        ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=cache, block_bytes=2 * CHUNK)
+
+
+def test_blocks_that_do_not_align_with_the_digests_or_digests_that_do_not_cover_a_shard_are_one_line(written,
+                                                                                                     tmp_path):
+    with pytest.raises(UsageError, match=r"^block_bytes 40: s3://data/sums/ has digests of 16-byte chunks; read it "
+                                         r"in blocks of a multiple of 16 bytes$"):
+        ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=40)
+    s3 = boto3.client("s3")
+    manifest = json.loads(s3.get_object(Bucket="data", Key="sums/.shards.json")["Body"].read())
+    manifest["digests"]["shard-00003.bin"]["sha256"].pop()
+    s3.put_object(Bucket="data", Key="sums/.shards.json", Body=json.dumps(manifest).encode())
+    with pytest.raises(UsageError, match=r"^s3://data/sums/.shards.json is not a shard manifest \(the digests of "
+                                         r"shard-00003.bin do not cover its 60 bytes\); remove it or write the "
+                                         r"shards again$"):
+        ShardDataset("s3://data/sums", RECORD, torch.int32, cache_dir=tmp_path, block_bytes=32)
 
 
 def test_stream_splits_shards_across_ranks_and_workers(bucket, tmp_path):

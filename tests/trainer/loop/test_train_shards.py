@@ -1,8 +1,10 @@
 """`train --dataset s3://bucket/prefix | DIR`: shards written by trainer.loop.shards, streamed per rank, exact resume."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,10 @@ def test_write_shards_cuts_whole_records(text, tmp_path):
     assert all(len(s) % RECORD == 0 and len(s) <= 10_000 for s in shards)
     whole = stdlib_sources(40_000)
     assert b"".join(shards) == whole[:len(whole) // RECORD * RECORD]  # in order; the incomplete record dropped
+    manifest = json.loads((tmp_path / "shards" / ".shards.json").read_text())
+    assert manifest == {"format": 2, "record_bytes": RECORD, "shards": keys, "chunk_bytes": 1 << 20,
+                        "digests": {k: {"bytes": len(s), "sha256": [hashlib.sha256(s).hexdigest()]}
+                                    for k, s in zip(keys, shards)}}  # shards under 1 MiB: one chunk each
 
 
 def test_write_shards_cli(text, tmp_path, capsys, bucket):
@@ -177,6 +183,21 @@ def test_bad_dataset_locations_are_one_line(capsys, tmp_path, bucket, text):
     assert line == (f"error: --dataset: {tmp_path / 'small'} holds shards of 129-byte records; the model needs "
                     "33-byte records (block_size + 1); make them with python -m trainer shards --out LOCATION "
                     "--record-bytes 33 SOURCE...")
+
+
+def test_a_shard_changed_since_its_manifest_stops_training_with_one_line_from_a_dataloader_worker(capsys, tmp_path,
+                                                                                                   bucket, text):
+    keys = write_shards([str(text)], "s3://data/train", RECORD, shard_bytes=4000)
+    for key in keys:  # every shard rewritten with the same length: the listing agrees, the digests do not
+        body = bucket.get_object(Bucket="data", Key=f"train/{key}")["Body"].read()
+        bucket.put_object(Bucket="data", Key=f"train/{key}", Body=body[::-1])
+    assert main(["train", *TINY, "--steps", "2", "--dataset", "s3://data/train", "--num-workers", "1",
+                 "--checkpoint-uri", str(tmp_path / "ck"), "--data-cache", str(tmp_path / "cache")]) == 1
+    (line,) = capsys.readouterr().err.splitlines()  # not the worker's traceback torch wraps it in
+    assert re.fullmatch(r"error: shard s3://data/train/shard-\d{5}.bin changed since its manifest was written: "
+                        r"bytes 0-\d+ do not hash to the digests in s3://data/train/.shards.json; write the shards "
+                        r"again with python -m trainer shards", line), line
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.startswith(".")]
 
 
 def test_resuming_with_the_other_kind_of_dataset_is_one_line(capsys, tmp_path, text):
