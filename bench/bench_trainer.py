@@ -10,7 +10,7 @@ a change of a few percent can be told from noise.
   than wall time; on a GPU, wall time.
 - checkpoint_blocking_ratio: seconds an asynchronous sharded (DCP) save holds training up (staging to host
   memory) over the seconds of a synchronous save of the same state (gpt-base-sized weights and AdamW
-  moments, >= 200 MB) to local disk, on one intra-op thread; target <= 0.1.
+  moments, >= 200 MB) to local disk, with torch's default intra-op threads; target <= 0.1.
 - fsdp_step_ratio: median step time of FSDP over DDP, gpt-small, 2 CPU ranks under torchrun (gloo);
   information only (on CPU FSDP's extra all-gathers are not hidden by compute as on GPUs).
 - checkpoint_dcp_s3_crt_speedup (information, the choice of the S3 DCP layer): seconds of a sharded save
@@ -149,16 +149,8 @@ def blocking_state() -> dict:
 
 
 def checkpoint_blocking() -> tuple[list[float], float]:
-    """(ratios, bytes of state): async blocking seconds over sync save seconds, interleaved."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the CPU training runs; more threads contend with the writer on 2 cores
-    try:
-        return _checkpoint_blocking()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _checkpoint_blocking() -> tuple[list[float], float]:
+    """(ratios, bytes of state): async blocking seconds over sync save seconds, interleaved; torch's default
+    intra-op threads, as `train` runs."""
     from trainer.loop.dcp import ShardedCheckpoints
 
     state = blocking_state()
