@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from trainer.errors import ArgumentParser, Fault, UsageError
+from trainer.loop.storage import local_path, open_store, store_cloud
 
 log = logging.getLogger("gpufleet.shards")
 
@@ -127,7 +128,7 @@ class _S3Source:
     """Listing plus cached ranged reads of one bucket prefix; picklable (the client is made per process)."""
 
     def __init__(self, uri: str, cache_dir: str | os.PathLike | None, block_bytes: int):
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}"
@@ -214,7 +215,7 @@ class _S3Source:
     @property
     def client(self):
         if self._client is None or self._pid != os.getpid():  # boto3 clients do not survive fork
-            import boto3
+            import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
             self._client, self._pid = boto3.client("s3"), os.getpid()
         return self._client
@@ -378,8 +379,6 @@ def _open_unlinked_link(path: Path) -> int:
 
 def open_source(location: str, cache_dir: str | os.PathLike | None, block_bytes: int):
     """Listed shards of s3://bucket/prefix or of a local directory; UsageError when there are none."""
-    from trainer.loop.storage import local_path, store_cloud
-
     cloud, scheme = store_cloud(location), urlparse(location).scheme
     if not cloud and scheme not in ("", "file"):
         raise UsageError(f"--dataset: {location!r} has the unsupported scheme {scheme!r}; "
@@ -525,8 +524,6 @@ def write_shards(sources: list[str], out: str, record_bytes: int, shard_bytes: i
     s3://bucket/prefix), and the manifest with the SHA-256 of each ``chunk_bytes`` chunk of each shard.
     An incomplete last record is dropped. Returns the shard keys written.
     """
-    from trainer.loop.storage import open_store
-
     if record_bytes < 2 or shard_bytes < record_bytes:
         raise UsageError(f"--record-bytes {record_bytes} / --shard-bytes {shard_bytes}: expected "
                          "2 <= record bytes <= shard bytes")
