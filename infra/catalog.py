@@ -16,7 +16,10 @@ RDMA types need an HPC cluster, which Auto Scaling cannot place nodes in).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
+
+from infra import cli
 
 PRICE_DATE = "2025-07-01"
 PRICE_REGION = {"aws": "us-east-1", "azure": "eastus", "tencent": "ap-guangzhou"}
@@ -204,8 +207,6 @@ def refresh(ec2_client) -> dict[str, dict[str, tuple]]:
 
 def configure(parser) -> None:
     """The catalog's commands (on ``python -m infra.catalog`` and on ``gpufleet catalog``)."""
-    from infra import cli
-
     commands = cli.add_commands(parser, "catalog_command")
     commands.add_parser("list", help="print the catalog", description="print the catalog")
     ref = commands.add_parser("refresh", help="compare hardware facts with EC2 DescribeInstanceTypes",
@@ -215,14 +216,12 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     if args.catalog_command == "list":
         for t in CATALOG.values():
             print(f"{t.name:28} {t.cloud:7} {t.gpus}x {t.gpu_model:5} {t.gpu_memory_gib:>3} GiB  "
                   f"efa={t.max_efa:<2} ib={t.infiniband_gbps:<4} {t.price_hour} {t.currency}/h")
         return 0
-    import boto3
+    import boto3  # lazy: boto3 (~0.2 s) only for `catalog refresh`, off gpufleet's start-up
 
     try:
         diffs = refresh(boto3.client("ec2", region_name=args.region))
@@ -237,10 +236,6 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
-    from infra import cli
-
     parser = cli.ArgumentParser(prog="python -m infra.catalog", description="The GPU instance catalog.")
     configure(parser)
     return cli.guarded(lambda: run(parser.parse_args(sys.argv[1:] if argv is None else argv)))

@@ -11,6 +11,11 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+from infra import cli
+from infra.config import KEY_DOCS
+from trainer.__main__ import COMMANDS as TRAINER_COMMANDS
+from trainer.loop.config import build_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ROOT / "docs" / "commands.md"
 STACKS = ROOT / "docs" / "stacks.md"
@@ -27,11 +32,8 @@ KEYS_END = "<!-- config:end -->"
 
 def trainer_parsers() -> dict[str, argparse.ArgumentParser]:
     """`python -m trainer`'s commands and their parsers (trainer.__main__.COMMANDS; train's is its config's)."""
-    from trainer.__main__ import COMMANDS
-    from trainer.loop.config import build_parser
-
     return {cmd: build_parser() if cmd == "train" else importlib.import_module(module).parser()
-            for cmd, module in COMMANDS.items()}
+            for cmd, module in TRAINER_COMMANDS.items()}
 
 
 def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]):
@@ -89,8 +91,6 @@ def section(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
 def render_commands() -> str:
     """The reference; the parsers are built in an environment of nothing but PATH (and HOME as the word $HOME), so that defaults
     read from variables (GPUFLEET_QUEUE_URL, STATE_DIRECTORY, ...) show as they are on a fresh machine."""
-    from infra import cli
-
     with mock.patch.dict(os.environ, {"PATH": os.environ.get("PATH", ""), "HOME": "$HOME"}, clear=True):
         parsers = [(("gpufleet",), cli.build_parser())]
         parsers += [(("python -m trainer", cmd), p) for cmd, p in trainer_parsers().items()]
@@ -99,8 +99,6 @@ def render_commands() -> str:
 
 
 def config_table() -> str:
-    from infra.config import KEY_DOCS
-
     return "\n".join(["| key | meaning |", "|---|---|", *(f"| `{key}` | {text} |" for key, text in KEY_DOCS.items())])
 
 

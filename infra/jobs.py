@@ -20,14 +20,16 @@ import sys
 import time
 from pathlib import Path
 
+import trainer.__main__
 from infra import catalog, cli
+from trainer.clouds import explain
+from trainer.errors import Fault, UsageError
+from trainer.jobs import commands
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
 def _submit(argv: list[str]) -> int:
-    import trainer.__main__
-
     own = argv[:argv.index("--")] if "--" in argv else argv
     if "--stack" in own and not any(a == "--project-dir" or a.startswith("--project-dir=") for a in own):
         argv = ["--project-dir", str(PROJECT_DIR), *argv]  # `pulumi stack output` runs in the project
@@ -48,14 +50,10 @@ def _currency(rec: dict) -> str:
 
 
 def _target(args):
-    from trainer.jobs import commands
-
     return commands.resolve(args.stack, args.project_dir, args.queue_url, args.bucket, args.dlq_url)
 
 
 def _list(args) -> int:
-    from trainer.jobs import commands
-
     now = time.time()
     recs = _target(args).records().all(scan=args.scan)
     since = commands.parse_since(args.since, now) if args.since else None
@@ -65,7 +63,7 @@ def _list(args) -> int:
         extra = ("gpu_hours", "cost", "currency")
         print(json.dumps([{**r, **{k: row[k] for k in extra}} for r, row in zip(chosen, rows)], indent=2))
         return 0
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich (~30 ms) off gpufleet's start-up
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} job(s)", expand=False)
@@ -81,8 +79,6 @@ def _list(args) -> int:
 
 
 def _status(args) -> int:
-    from trainer.jobs import commands
-
     target = _target(args)
     rec = target.records().get(args.job_id)
     now = time.time()
@@ -113,8 +109,6 @@ def _status(args) -> int:
 
 
 def _logs(args) -> int:
-    from trainer.jobs import commands
-
     out = sys.stdout.buffer
     where = None
     for attempt, node, data in commands.output(_target(args), args.job_id, args.attempt, args.follow,
@@ -130,15 +124,11 @@ def _logs(args) -> int:
 
 
 def _cancel(args) -> int:
-    from trainer.jobs import commands
-
     print(commands.cancel(_target(args), args.job_id))
     return 0
 
 
 def _retry(args) -> int:
-    from trainer.jobs import commands
-
     print(commands.retry(_target(args), args.job_id))
     return 0
 
@@ -163,11 +153,11 @@ def _where(p: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    commands = cli.add_commands(parser, "jobs_command")
-    cli.add_passthrough(commands, "submit", "queue one job, or a sweep of jobs; takes the flags of "
-                                            "`python -m trainer submit` (`gpufleet jobs submit --help` lists them)")
+    subs = cli.add_commands(parser, "jobs_command")
+    cli.add_passthrough(subs, "submit", "queue one job, or a sweep of jobs; takes the flags of "
+                                        "`python -m trainer submit` (`gpufleet jobs submit --help` lists them)")
     for name, (_, help) in SUBCOMMANDS.items():
-        p = commands.add_parser(name, help=help, description=help)
+        p = subs.add_parser(name, help=help, description=help)
         _where(p)
         if name != "list":
             p.add_argument("job_id", metavar="ID", help="the job's id")
@@ -197,13 +187,9 @@ def run(args: argparse.Namespace) -> int:
 def told(fn) -> int:
     """The trainer's user errors and the clouds' credential errors as one line: exit 2 (1 for a fault such as
     an endpoint that refuses connections)."""
-    from trainer.errors import Fault, UsageError
-
     try:
         return fn()
     except Exception as exc:
-        from trainer.clouds import explain
-
         said = exc if isinstance(exc, (UsageError, Fault)) else explain(exc)
         if said is None:
             raise

@@ -13,14 +13,14 @@ def build(cfg: config.StackConfig) -> dict[str, pulumi.Input]:
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
     if cfg.cloud == "aws":
-        from infra.aws.stack import build_aws
+        from infra.aws.stack import build_aws  # lazy: only the stack's cloud's provider SDK loads
 
         return build_aws(cfg)
     if cfg.cloud == "tencent":
-        from infra.tencent.stack import build_tencent
+        from infra.tencent.stack import build_tencent  # lazy: only the stack's cloud's provider SDK loads
 
         return build_tencent(cfg)
-    from infra.azure.stack import build_azure
+    from infra.azure.stack import build_azure  # lazy: only the stack's cloud's provider SDK loads
 
     return build_azure(cfg)
 

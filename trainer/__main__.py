@@ -13,6 +13,7 @@ import os
 import sys
 
 from trainer import EXIT_FAULT, EXIT_INTERRUPTED, EXIT_USAGE
+from trainer.clouds import explain
 from trainer.errors import Fault, UsageError, one_line
 
 COMMANDS = {  # command -> module whose main(argv) -> int runs it
@@ -48,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         print(file=sys.stderr)  # end the line the terminal's ^C left
         return EXIT_INTERRUPTED
     except Exception as exc:
-        from trainer.clouds import explain
-
         told = exc if isinstance(exc, (UsageError, Fault)) else explain(exc)
         if told is None:
             raise

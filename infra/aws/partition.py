@@ -18,6 +18,7 @@ import pulumi_aws as aws
 from infra.aws import efa
 from infra.aws.efa import Interface
 from infra.config import AwsImage, Partition
+from infra.userdata import render_node_user_data
 
 ROOT_VOLUME_GIB = 200
 COMPONENT = "gpufleet:aws:Partition"
@@ -57,8 +58,6 @@ def props(part: Partition, efa_interfaces: int, subnet_ids: list) -> dict:
 
 
 def _user_data(node: dict) -> str:
-    from infra.userdata import render_node_user_data
-
     return base64.b64encode(render_node_user_data(node).encode()).decode()
 
 

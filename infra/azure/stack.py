@@ -24,12 +24,11 @@ from infra.azure.shared_fs import SharedFs, SharedFsArgs
 from infra.azure.storage import Storage, StorageArgs
 from infra.azure.vault import Vault, VaultArgs, vault_name
 from infra.config import StackConfig
+from infra.userdata import render_node_user_data
 
 
 def node_custom_data(node: dict) -> str:
     """A node's base64 cloud-config (nodes.json's custom_data)."""
-    from infra.userdata import render_node_user_data
-
     return base64.b64encode(render_node_user_data(node).encode()).decode()
 
 

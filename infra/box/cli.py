@@ -155,7 +155,7 @@ def _path() -> str:
 
 
 def _child_env() -> dict[str, str]:
-    from infra.demo.account import REPO
+    from infra.demo.account import REPO  # lazy: boto3 (~0.2 s) off gpufleet's start-up
 
     env = dict(os.environ, PATH=_path())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -181,7 +181,7 @@ def stop(root: Path) -> bool:
         time.sleep(0.1)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
-    from infra.box.supervisor import kill_box
+    from infra.box.supervisor import kill_box  # lazy: boto3 (~0.2 s) off gpufleet's start-up
 
     kill_box(state["box_id"])  # whatever a killed supervisor left behind
     (root / "state.json").unlink(missing_ok=True)

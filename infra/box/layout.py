@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +181,6 @@ def dbd(layout: Layout, password: str) -> Dbd:
 
 
 def box_user() -> str:
-    import pwd
-
     return pwd.getpwuid(os.getuid()).pw_name
 
 

@@ -28,9 +28,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from infra import config
 from infra.box import layout as lay
 from infra.demo.account import CREDENTIALS, REPO, Account, become_subreaper, descendants, preview_document
 from infra.demo.imds import FakeImds
+from infra.preview.__main__ import stack_file
+from trainer.node import metric_names
+from trainer.slurm import accounts
+from trainer.slurm.conf import render_gres_conf, render_slurm_conf
+from trainer.slurm.nodes import LocalProvider
 
 log = logging.getLogger("gpufleet.box")
 
@@ -119,8 +125,6 @@ class Supervisor:
     def start_accounting(self) -> None:
         """Slurm's accounting: the box's own MariaDB (its files in accounting/db, made once; TCP on loopback and a
         socket for its root) and slurmdbd over it, with a password made at each start; the cluster registered."""
-        from trainer.slurm import accounts
-
         L = self.layout
         L.accounting.mkdir(exist_ok=True)
         if not (L.database_dir / "mysql").is_dir():
@@ -170,8 +174,6 @@ class Supervisor:
     def apply_teams(self) -> None:
         """Each team of the stack an account with its fair share and GPU limit; the box's user (the bridge's, and
         whoever submits with sbatch here) in each. Slurm knows gres/gpu once slurmctld registered: retried."""
-        from trainer.slurm import accounts
-
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
@@ -184,13 +186,9 @@ class Supervisor:
 
     @functools.cached_property
     def teams(self) -> tuple:
-        from trainer.slurm import accounts
-
         return accounts.teams_of(t.as_json() for t in stack_config(self.stack).teams)
 
     def write_slurm(self, L: lay.Layout) -> None:
-        from trainer.slurm.conf import render_gres_conf, render_slurm_conf
-
         cluster = lay.cluster(L)
         L.slurm_conf.write_text(render_slurm_conf(cluster))
         (L.slurm / "gres.conf").write_text(render_gres_conf(cluster))
@@ -250,9 +248,7 @@ class Supervisor:
 
     @property
     def metric_namespace(self) -> str:
-        from trainer.node.metric_names import namespace
-
-        return namespace(self.stack)
+        return metric_names.namespace(self.stack)
 
     # --- while it runs ---------------------------------------------------------------------------------------
 
@@ -289,8 +285,6 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping = True
-        from trainer.slurm.nodes import LocalProvider
-
         for name in ("bridge", "heal"):
             proc = self.procs.pop(name, None)
             if proc is not None:
@@ -318,9 +312,6 @@ class Supervisor:
 
 def stack_config(stack: str):
     """The stack's validated config (Pulumi.<stack>.yaml)."""
-    from infra import config
-    from infra.preview.__main__ import stack_file
-
     raw, secret_keys = config.read_stack_file(stack_file(stack))
     return config.parse(raw, stack, secret_keys)
 

@@ -3,6 +3,7 @@ the stack's offline preview (``Account``), and the process helpers the box's sup
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import socket
@@ -13,7 +14,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import boto3
+
+from infra import config
 from infra.demo import resources as rs
+from infra.preview import runner
+from infra.preview.__main__ import stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"}  # moto takes any
@@ -22,10 +28,6 @@ STOP_GRACE_S = 15.0   # how long a stopping process may take before it is killed
 
 def preview_document(stack: str) -> dict:
     """The stack's offline preview document, as ``python -m infra.preview --stack NAME --format json``."""
-    from infra import config
-    from infra.preview import runner
-    from infra.preview.__main__ import stack_file
-
     raw, secret_keys = config.read_stack_file(stack_file(stack))
     return runner.preview(raw, secret_keys, stack)
 
@@ -50,8 +52,6 @@ def descendants(pid: int) -> list[int]:
 
 def become_subreaper() -> None:
     """Orphans of our children (daemons that fork: slurmd, slurmstepd) become our children, so we can stop them."""
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 
 
@@ -93,8 +93,6 @@ class Account:
 
     def client(self, service: str):
         if service not in self._clients:
-            import boto3
-
             self._clients[service] = boto3.client(
                 service, endpoint_url=self.endpoint, region_name=self.res.region,
                 aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],

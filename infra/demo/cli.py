@@ -21,8 +21,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.box import cli as box_cli
 from infra.cli import ArgumentParser, UsageError
+from infra.config import ConfigError
 from infra.demo import progress as pg
+from infra.demo import resources as rs
+from infra.preview.runner import one_line
+from trainer.clouds.s3store import S3Store
+from trainer.jobs.records import RecordStore, UnknownJob
+from trainer.slurm import client
 
 NODES = 2
 JOB_ID = "demo"             # the sweep: demo.lr-<value>, one job array
@@ -95,7 +102,7 @@ def read_metrics(path: Path) -> list[dict]:
 # --- display ---------------------------------------------------------------------------------------
 
 def job_table(table: list[pg.Row]):
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich (~30 ms) off gpufleet's start-up
 
     t = Table(title="jobs", expand=False)
     for col in ("job", "node", "step", "loss", "ckpt", "state"):
@@ -109,7 +116,7 @@ def job_table(table: list[pg.Row]):
 
 
 def summary_table(s: pg.Summary, wall_s: float):
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich (~30 ms) off gpufleet's start-up
 
     t = Table(title="summary", show_header=False)
     t.add_column(justify="left")
@@ -138,7 +145,7 @@ class Display:
     """A live table on a terminal; plain event lines otherwise (logs, tests)."""
 
     def __init__(self):
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich (~30 ms) off gpufleet's start-up
 
         self.console = Console(stderr=False, highlight=False)
         self.live = None
@@ -149,7 +156,7 @@ class Display:
 
     def __enter__(self):
         if self.console.is_terminal:
-            from rich.live import Live
+            from rich.live import Live  # lazy: rich (~30 ms) off gpufleet's start-up
 
             self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self.live.__enter__()
@@ -174,7 +181,7 @@ class Display:
             self.live.update(self._render())
 
     def _render(self):
-        from rich.console import Group
+        from rich.console import Group  # lazy: rich (~30 ms) off gpufleet's start-up
         from rich.text import Text
 
         return Group(job_table(self.table), Text(self.nodes_line), Text("\n".join(self.events[-10:]), style="dim"))
@@ -201,14 +208,13 @@ class Box:
     def env(self) -> dict[str, str]:
         """A user's shell after `eval $(gpufleet box env)`."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SLURM_", "GPUFLEET_"))}
-        from infra.box.cli import _path
-
-        return {**env, "SLURM_CONF": self.state["slurm_conf"], "GPUFLEET_BOX_DIR": str(self.dir), "PATH": _path()}
+        return {**env, "SLURM_CONF": self.state["slurm_conf"], "GPUFLEET_BOX_DIR": str(self.dir),
+                "PATH": box_cli._path()}
 
     @property
     def s3(self):
         if self._s3 is None:
-            import boto3
+            import boto3  # lazy: boto3 (~0.2 s) off gpufleet's start-up
 
             self._s3 = boto3.client("s3", endpoint_url=self.state["endpoint"], region_name=self.state["region"],
                                     aws_access_key_id="box", aws_secret_access_key="box")
@@ -223,9 +229,6 @@ class Box:
         return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("queued ")]
 
     def records(self, jobs: list[str]) -> dict[str, dict]:
-        from trainer.clouds.s3store import S3Store
-        from trainer.jobs.records import RecordStore, UnknownJob
-
         store = RecordStore(S3Store(self.state["bucket"], "", client=self.s3))
         out = {}
         for job in jobs:
@@ -237,8 +240,7 @@ class Box:
 
     def checkpoints(self, jobs: list[str]) -> dict[str, int | None]:
         """The newest checkpoint step of each job in the bucket (its default prefix jobs/<job>/)."""
-        from trainer.clouds.s3store import S3Store
-        from trainer.loop.checkpoint import Checkpointer
+        from trainer.loop.checkpoint import Checkpointer  # lazy: torch (~2 s) off gpufleet's start-up
 
         out = {}
         for job in jobs:
@@ -256,9 +258,7 @@ class Box:
 
 
 def run(args: argparse.Namespace, display: Display) -> pg.Summary:
-    from infra.box import cli as box_cli
-    from infra.demo import resources as rs
-    from infra.demo.account import preview_document
+    from infra.demo.account import preview_document  # lazy: boto3 (~0.2 s) off gpufleet's start-up
 
     started = time.monotonic()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpufleet-demo-"))
@@ -316,8 +316,6 @@ def wait_for_slurm(box: Box, job: str, timeout_s: float) -> None:
 def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) -> tuple[pg.Summary, dict]:
     """Watch the jobs, send the spot notice to the node of the job left running alone, until every job is
     done. Returns the summary and the jobs' records."""
-    from trainer.slurm import client
-
     deadline = time.monotonic() + args.timeout
     notice: pg.Notice | None = None
     seen: dict[str, str] = {}
@@ -341,9 +339,7 @@ def follow(args, box: Box, jobs: list[str], res, doc: dict, display: Display) ->
         if notice is None:
             target = pg.victim(table, sum(1 for s in nodes.values() if s.startswith("idle")))  # ~ # * too
             if target:
-                from infra.box.cli import send_notice
-
-                send_notice(box.state, target.node)
+                box_cli.send_notice(box.state, target.node)
                 notice = pg.Notice(target.node, target.job, time.time(), target.step)
                 display.say(f"spot interruption notice to {target.node} while {target.job} is at step "
                             f"{target.step}")
@@ -372,9 +368,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the demo of checked arguments; its exit status (0, 1, 2 or 130), every failure told in one line."""
-    from infra.config import ConfigError
-    from infra.demo.resources import PreviewMismatch
-
     previous = signal.signal(signal.SIGTERM, _sigterm)
     display = Display()
     try:
@@ -383,15 +376,13 @@ def execute(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: every process stopped", file=sys.stderr)
         return 130
-    except (ConfigError, PreviewMismatch, UsageError) as exc:
+    except (ConfigError, rs.PreviewMismatch, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except DemoFailure as exc:
         print(f"error: demo failed: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 one line, no traceback
-        from infra.preview.runner import one_line
-
         print(f"error: demo failed: {one_line(exc)}", file=sys.stderr)
         return 1
     finally:

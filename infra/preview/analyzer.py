@@ -26,6 +26,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+import grpc
+import jsonschema
+import yaml
+from google.protobuf import empty_pb2, json_format, struct_pb2
+from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+
 from infra.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,8 +56,6 @@ class PackError(Exception):
 
 def pack_spec(pack_dir: Path = PACK_DIR) -> dict:
     """PulumiPolicy.yaml of the pack."""
-    import yaml
-
     spec = yaml.safe_load((pack_dir / "PulumiPolicy.yaml").read_text())
     return spec if isinstance(spec, dict) else {}
 
@@ -95,9 +99,6 @@ class PolicyPack:
         self.close()
 
     def start(self) -> None:
-        import grpc
-        from pulumi.runtime.proto import analyzer_pb2_grpc
-
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(pack_command(self.pack_dir), cwd=self.pack_dir, stdout=subprocess.PIPE,
                                         stderr=self._stderr, env=pack_env(self.stack, self.project, self.config))
@@ -134,8 +135,6 @@ class PolicyPack:
         return lines[-1].strip() if lines else ""
 
     def _call(self, method: str, request):
-        import grpc
-
         try:
             return getattr(self.stub, method)(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -143,9 +142,6 @@ class PolicyPack:
             raise PackError(f"policy pack {method} failed: {' '.join(str(detail).split())[:300]}") from None
 
     def _handshake(self) -> None:
-        import grpc
-        from pulumi.runtime.proto import analyzer_pb2
-
         request = analyzer_pb2.AnalyzerHandshakeRequest(engine_address=ENGINE_ADDRESS,
                                                         root_directory=str(self.pack_dir),
                                                         program_directory=str(self.pack_dir))
@@ -156,8 +152,6 @@ class PolicyPack:
                 raise PackError(f"policy pack Handshake failed: {exc.details()}") from None
 
     def _configure_stack(self) -> None:
-        from pulumi.runtime.proto import analyzer_pb2
-
         request = analyzer_pb2.AnalyzerStackConfigureRequest(
             stack=self.stack, project=self.project, organization=ORGANIZATION, dry_run=True)
         request.config.update({k: v for k, v in self.config.items()})
@@ -183,8 +177,6 @@ class PolicyPack:
 
     def policies(self) -> list[dict]:
         """Every policy's metadata, as GetAnalyzerInfo tells it."""
-        from google.protobuf import json_format
-
         out = []
         for p in self.info.policies:
             schema = json_format.MessageToDict(p.configSchema.properties) if p.HasField("configSchema") else {}
@@ -199,9 +191,6 @@ class PolicyPack:
 
     def configure(self, policy_config: Optional[dict]) -> dict[str, dict]:
         """Send Configure with the reconciled config; return it ({policy: {"enforcementLevel", ...props}})."""
-        from google.protobuf import json_format
-        from pulumi.runtime.proto import analyzer_pb2
-
         initial = {k: json_format.MessageToDict(v.properties) | (
             {"enforcementLevel": LEVELS[v.enforcementLevel]} if v.enforcementLevel else {})
             for k, v in self.info.initialConfig.items()}
@@ -218,8 +207,6 @@ class PolicyPack:
 
     def analyze(self, resources: list[dict], policy_config: Optional[dict] = None) -> dict:
         """Configure, Analyze each resource, AnalyzeStack over all but providers; the verdicts as a dict."""
-        from pulumi.runtime.proto import analyzer_pb2
-
         merged = self.configure(policy_config)
         by_urn = {r["urn"]: r for r in resources}
         diagnostics = []
@@ -253,8 +240,6 @@ class PolicyPack:
 
     def _provider(self, resource: dict, by_urn: dict):
         """The provider the engine would send: the explicit one, else the package's default provider."""
-        from pulumi.runtime.proto import analyzer_pb2
-
         if not resource.get("custom") or resource["type"].startswith("pulumi:providers:"):
             return None
         ref = resource.get("provider")
@@ -307,8 +292,6 @@ def reconcile(policies: list[dict], initial: dict, given: dict) -> dict[str, dic
     `given` is the CLI's --policy-pack-config document. Unknown policy names, bad levels and values
     that break a policy's config schema raise ConfigError (key, value, what is allowed).
     """
-    import jsonschema
-
     if not isinstance(given, dict):
         raise ConfigError("--policy-config", given, 'a map {"<policy>": level | {"enforcementLevel": ..., ...}}')
     result = {p["name"]: {"enforcementLevel": p["level"],
@@ -356,8 +339,6 @@ def _level(value: Any, name: str) -> str:
 # --- marshalling ------------------------------------------------------------------------------------
 
 def _empty():
-    from google.protobuf import empty_pb2
-
     return empty_pb2.Empty()
 
 
@@ -373,8 +354,6 @@ def _engine_value(value: Any) -> Any:
 
 
 def _struct(props: Optional[dict]):
-    from google.protobuf import struct_pb2
-
     out = struct_pb2.Struct()
     if props:
         out.update(_engine_value({k: v for k, v in props.items() if v is not None}))
@@ -382,8 +361,6 @@ def _struct(props: Optional[dict]):
 
 
 def _options(resource: dict):
-    from pulumi.runtime.proto import analyzer_pb2
-
     return analyzer_pb2.AnalyzerResourceOptions(parent=resource.get("parent") or "")
 
 

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import pulumi
 
+from infra import catalog
+
 ACCOUNT_ID = "123456789012"
 TENCENT_APP_ID = "1250000000"
 TENCENT_UIN = "100000000001"
@@ -603,8 +605,6 @@ _TENCENT: dict[str, Handler] = {
 
 def _tencent_types(m: PreviewMocks, args: dict) -> dict:
     """CVM types of the catalog in the filtered families, sold in three zones of the region."""
-    from infra import catalog
-
     families = {v for f in args.get("filters", []) if f.get("name") == "instance-family" for v in f.get("values", [])}
     rows = [row for row in catalog.CATALOG.values() if row.cloud == "tencent"
             and (not families or row.name.split(".")[0] in families)]

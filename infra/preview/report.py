@@ -9,6 +9,8 @@ import shutil
 import textwrap
 from collections import defaultdict
 
+from infra.preview.markdown import money
+
 STACK_TYPE = "pulumi:pulumi:Stack"
 MIN_WIDTH = 60
 
@@ -158,8 +160,6 @@ def _diff(diff: dict, width: int) -> list[str]:
 
 
 def _cost(cost: dict, width: int) -> list[str]:
-    from infra.preview.markdown import money
-
     cur = cost.get("currency") or "USD"
     monthly = cost["monthly_usd"]
     sizes = " / ".join(f"{k} {money(monthly[k], cur)}" for k in ("idle", "full") if k in monthly)

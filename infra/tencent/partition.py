@@ -34,6 +34,7 @@ from tencentcloud_iac_pulumi import cvm
 
 from infra.config import Partition
 from infra.tencent import derive
+from infra.userdata import render_node_user_data
 
 COMPONENT = "gpufleet:tencent:Partition"
 
@@ -60,8 +61,6 @@ def props(part: Partition, subnet_ids) -> dict:
 
 
 def user_data(node: dict) -> str:
-    from infra.userdata import render_node_user_data
-
     return base64.b64encode(render_node_user_data(node).encode()).decode()
 
 

@@ -17,13 +17,13 @@ import os
 import sys
 from types import ModuleType
 
+from trainer.errors import UsageError
+
 CLOUDS = ("aws", "azure", "tencent")
 
 
 def adapter(cloud: str) -> ModuleType:
     if cloud not in CLOUDS:
-        from trainer.errors import UsageError
-
         raise UsageError(f"cloud {cloud!r} is not supported; expected one of {', '.join(CLOUDS)}")
     return importlib.import_module(f"trainer.clouds.{cloud}")
 

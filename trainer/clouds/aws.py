@@ -24,8 +24,9 @@ from trainer.clouds.s3store import S3Store
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import MetadataUnavailable, NoticeWatcher
-from trainer.node import metric_names
+from trainer.node import jobcreds, metric_names
 from trainer.node.platform import Platform
+from trainer.node.registry import LoginCache, RegistryLogin, ecr_region, image_host
 
 log = logging.getLogger("gpufleet.imds")
 
@@ -170,7 +171,7 @@ SETUP_CODES = {
 
 def explain(exc: BaseException) -> UsageError | Fault | None:
     """botocore's credential, region and connection errors (and refusals of the user's setup) in one line."""
-    from botocore import exceptions as bc
+    from botocore import exceptions as bc  # lazy: AWS SDK (~0.2 s) only when used
 
     if isinstance(exc, (bc.NoCredentialsError, bc.PartialCredentialsError, bc.CredentialRetrievalError)):
         return UsageError(f"no usable AWS credentials ({exc}); {HOW_TO_CREDENTIALS}")
@@ -210,7 +211,7 @@ def sqs_region(url: str) -> str | None:
 
 class SqsJobQueue(JobQueue):
     def __init__(self, url: str, region: str | None = None):
-        import boto3
+        import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
         self.url = url
         self.client = boto3.client("sqs", region_name=region or sqs_region(url))
@@ -280,10 +281,8 @@ def instance_facts(imds: Imds | None = None) -> dict[str, str]:
 
 
 def instance_facts_of_node() -> dict[str, str]:
-    from trainer.node.jobcreds import INSTANCE
-
     try:
-        return json.loads(Path(INSTANCE).read_text())
+        return json.loads(Path(jobcreds.INSTANCE).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -295,8 +294,6 @@ class NodePlatform(Platform):
     name = "aws"
 
     def __init__(self, node: dict, imds: Imds | None = None):
-        from trainer.node.registry import LoginCache
-
         self.node, self.imds = node, imds or Imds()
         self._ssm = None
         self._logins = LoginCache()
@@ -317,7 +314,7 @@ class NodePlatform(Platform):
 
     def ssm(self):
         if self._ssm is None:
-            import boto3
+            import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
             region = self.node.get("region") or (self.imds.region() if self.instance_id else None)
             self._ssm = boto3.client("ssm", region_name=region)
@@ -341,7 +338,7 @@ class NodePlatform(Platform):
         ``/gpufleet/<stack>/``, the only parameters the node role may read."""
         if source != "ssm":
             return super().secret(source, name)
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         path = f"/gpufleet/{self.node.get('stack', '<stack>')}/"
         try:
@@ -360,15 +357,13 @@ class NodePlatform(Platform):
         """ECR credentials through the instance role (GetAuthorizationToken, valid 12 hours, cached) for an image
         on an ECR registry `<account>.dkr.ecr.<region>.amazonaws.com`: the stack's repository and its pull-through
         caches. The token opens every registry the role may pull from, so any account's host takes the same."""
-        from trainer.node.registry import RegistryLogin, ecr_region, image_host
-
         host = image_host(image)
         region = ecr_region(host)
         if region is None:
             return None
 
         def fetch() -> RegistryLogin:
-            import boto3
+            import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
             data = boto3.client("ecr", region_name=region).get_authorization_token()["authorizationData"][0]
             user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")

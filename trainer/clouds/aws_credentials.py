@@ -65,7 +65,7 @@ class JobRoleIssuer:
     @property
     def client(self):
         if self._client is None:
-            import boto3
+            import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
             self._client = boto3.client("sts", region_name=self.region)
         return self._client

@@ -68,7 +68,7 @@ PARTITION_KEYS = ("instance_types", "launch_template_id", "subnet_ids")
 
 
 def _boto_config():
-    from botocore.config import Config
+    from botocore.config import Config  # lazy: AWS SDK (~0.2 s) only when used
 
     return Config(retries={"mode": "standard", "total_max_attempts": RETRY_ATTEMPTS})
 
@@ -124,7 +124,7 @@ class NodeProvider(SlurmNodeProvider):
     @property
     def ec2(self):
         if self._ec2 is None:
-            import boto3
+            import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
             self._ec2 = boto3.client("ec2", region_name=self.region, config=_boto_config())
         return self._ec2
@@ -184,7 +184,7 @@ class NodeProvider(SlurmNodeProvider):
     # --- power saving --------------------------------------------------------------------------------------------
 
     def resume(self, names: list[str]) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         batches = self.batches(names)
         try:
@@ -207,7 +207,7 @@ class NodeProvider(SlurmNodeProvider):
             raise Fault(f"nodes resume {', '.join(odd)}: {next(iter(odd.values()))}")
 
     def _resume_batch(self, batch: _Batch) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         try:
             self.launch(batch)
@@ -283,7 +283,7 @@ class NodeProvider(SlurmNodeProvider):
 
     def _eventually(self, call):
         """A call about an instance just launched: retried while EC2 does not know it yet."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         deadline, delay = time.monotonic() + CONSISTENCY_WAIT_S, 0.5
         while True:
@@ -297,7 +297,7 @@ class NodeProvider(SlurmNodeProvider):
 
     def addresses(self, ids: list[str]) -> dict[str, tuple[str, str]]:
         """Instance id -> (private IP, short private DNS name) of those that have one within CONSISTENCY_WAIT_S."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         found: dict[str, tuple[str, str]] = {}
         deadline, delay = time.monotonic() + CONSISTENCY_WAIT_S, 0.5
@@ -342,7 +342,7 @@ class NodeProvider(SlurmNodeProvider):
             self.ec2.terminate_instances(InstanceIds=chunk)
 
     def suspend(self, names: list[str]) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         try:
             held = self.instances(names)
@@ -405,7 +405,7 @@ def node_name(settings: dict, timeout_s: float = 300, ec2=None, imds=None, poll_
         if instance is None:
             raise Fault("node name: the metadata service has no instance-id; is this an EC2 instance?")
     if ec2 is None:
-        import boto3
+        import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
         ec2 = boto3.client("ec2", region_name=settings.get("region") or imds.region(), config=_boto_config())
     while True:
@@ -428,14 +428,14 @@ def munge_key(settings: dict, create: bool = False, client=None) -> bytes:
     (os.urandom(1024)) and stored when the secret has none yet, under a fixed ClientRequestToken, so that of two
     controllers racing one writes the version and the other is refused and reads it. What the store holds is
     returned. Without ``create`` (a node) a secret with no value is a Fault. The key is never logged."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
     secret = (settings.get("slurm") or {}).get("munge")
     if not secret:
         raise UsageError("munge key: the settings have no slurm.munge (the secret's ARN or name); the stack's "
                          "user-data writes it")
     if client is None:
-        import boto3
+        import boto3  # lazy: AWS SDK (~0.2 s) only when used
 
         client = boto3.client("secretsmanager", region_name=settings.get("region"), config=_boto_config())
     try:

@@ -39,13 +39,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlparse
 
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop import notices
 from trainer.loop.storage import Conflict, MiB, Store
+from trainer.node import node_schema
 from trainer.node.platform import Platform
+from trainer.node.registry import ACR_USER, LoginCache, RegistryLogin, image_host, is_acr, jwt_expiry
 
 # --- Credentials and endpoints --------------------------------------------------------------------
 
@@ -86,10 +89,6 @@ def default_account() -> str | None:
 def machine_settings() -> dict:
     """This machine's settings: node.json on a GPU node, controller.json on the Slurm controller (which has no
     node.json), {} elsewhere."""
-    from pathlib import Path
-
-    from trainer.node import node_schema
-
     node = node_schema.load(node_schema.PATH, required=False)
     if node or not Path(node_schema.CONTROLLER_PATH).exists():
         return node
@@ -101,7 +100,7 @@ def credential():
     node or the controller), or where the hosting service names an identity endpoint: a laptop, CI or a test never
     sends a packet there. The user-assigned identity is the one AZURE_CLIENT_ID names, else the one of the
     machine's settings (azure.client_id)."""
-    from azure.identity import DefaultAzureCredential
+    from azure.identity import DefaultAzureCredential  # lazy: azure extra
 
     settings = machine_settings()
     on_azure = settings.get("cloud") == "azure" or any(
@@ -119,7 +118,7 @@ HOW_TO_CREDENTIAL = (f"set {CONNECTION_STRING} (an account key or SAS connection
 
 def explain(exc: BaseException) -> UsageError | Fault | None:
     """azure-identity's and azure-core's credential and connection errors in one line."""
-    from azure.core import exceptions as ac
+    from azure.core import exceptions as ac  # lazy: azure extra
 
     if isinstance(exc, ac.ClientAuthenticationError):  # azure-identity's CredentialUnavailableError is one
         status = f" (HTTP {exc.status_code})" if getattr(exc, "status_code", None) else ""
@@ -178,7 +177,7 @@ class AzureBlobStore(Store):
             stream.readinto(out)
 
     def _download(self, key: str):
-        from azure.core.exceptions import ResourceNotFoundError
+        from azure.core.exceptions import ResourceNotFoundError  # lazy: azure extra
 
         try:
             return self.container.download_blob(self._name(key), max_concurrency=CONCURRENCY)
@@ -190,14 +189,14 @@ class AzureBlobStore(Store):
         return sorted(name[len(self.prefix):] for name in names)
 
     def children(self, prefix: str) -> list[str]:
-        from azure.storage.blob import BlobPrefix
+        from azure.storage.blob import BlobPrefix  # lazy: azure extra
 
         start = self._name(prefix)
         return sorted(item.name[len(start):].rstrip("/") for item in
                       self.container.walk_blobs(name_starts_with=start, delimiter="/") if isinstance(item, BlobPrefix))
 
     def delete(self, key: str) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
+        from azure.core.exceptions import ResourceNotFoundError  # lazy: azure extra
 
         try:
             self.container.delete_blob(self._name(key))
@@ -213,7 +212,7 @@ class AzureBlobStore(Store):
 
     def write_if(self, key: str, data: bytes, version: str | None) -> str:
         """The blob's ETag as the match condition (If-Match), or If-None-Match: * for a create."""
-        from azure.core import MatchConditions
+        from azure.core import MatchConditions  # lazy: azure extra
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 
         blob = self.container.get_blob_client(self._name(key))
@@ -226,7 +225,7 @@ class AzureBlobStore(Store):
 
 
 def open_store(uri: str) -> AzureBlobStore:
-    from azure.storage.blob import BlobServiceClient
+    from azure.storage.blob import BlobServiceClient  # lazy: azure extra
 
     account, container, prefix = parse_uri(uri)
     options = {"max_block_size": 8 * MiB, "max_single_put_size": 16 * MiB, "max_chunk_get_size": 8 * MiB}
@@ -262,7 +261,7 @@ def parse_url(url: str) -> tuple[str, str]:
 
 
 def _client(account: str, queue: str):
-    from azure.storage.queue import QueueClient, TextBase64DecodePolicy, TextBase64EncodePolicy
+    from azure.storage.queue import QueueClient, TextBase64DecodePolicy, TextBase64EncodePolicy  # lazy: azure extra
 
     policies = {"message_encode_policy": TextBase64EncodePolicy(),
                 "message_decode_policy": TextBase64DecodePolicy()}
@@ -321,7 +320,7 @@ class AzureJobQueue(JobQueue):
             self._receipts.pop(msg.id, None)  # visible again: the next receive gets a new receipt
 
     def delete(self, msg: Message) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
+        from azure.core.exceptions import ResourceNotFoundError  # lazy: azure extra
 
         with self._lock:
             receipt = self._receipts.pop(msg.id, msg.receipt)
@@ -480,8 +479,6 @@ class NodePlatform(Platform):
 
     def __init__(self, node: dict, base_url: str = DEFAULT_BASE, registry_url: str = REGISTRY_URL,
                  vault_url: str = VAULT_URL):
-        from trainer.node.registry import LoginCache
-
         self.node, self.base_url = node, base_url
         self.registry_url, self.vault_url = registry_url, vault_url
         self.identity = ManagedIdentity((node.get("azure") or {}).get("client_id"), base_url)
@@ -524,8 +521,6 @@ class NodePlatform(Platform):
         """An ACR refresh token for an image on `<registry>.azurecr.io`: the identity's token for Azure Resource
         Manager exchanged at the registry's `/oauth2/exchange` (what `az acr login` does), docker user
         00000000-0000-0000-0000-000000000000; cached until shortly before the token expires."""
-        from trainer.node.registry import ACR_USER, RegistryLogin, image_host, is_acr, jwt_expiry
-
         host = image_host(image)
         if not is_acr(host):
             return None

@@ -114,7 +114,7 @@ class Response:
 
 def managed_identity(client_id: str | None):
     """azure-identity's credential of this machine's managed identity (the user-assigned one of ``client_id``)."""
-    from azure.identity import ManagedIdentityCredential
+    from azure.identity import ManagedIdentityCredential  # lazy: azure extra
 
     return ManagedIdentityCredential(client_id=client_id) if client_id else ManagedIdentityCredential()
 
@@ -266,7 +266,7 @@ def _short(url: str) -> str:
 
 def arm_endpoint() -> str:
     """The Resource Manager of the cloud azure-core's setting names (AZURE_SDK_CLOUD_CONF)."""
-    from azure.core.settings import settings
+    from azure.core.settings import settings  # lazy: azure extra
 
     return ARM_ENDPOINTS[settings.azure_cloud().name]
 

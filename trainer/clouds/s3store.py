@@ -20,7 +20,7 @@ class S3Store(Store):
     conditional = True
 
     def __init__(self, bucket: str, prefix: str, *, client=None) -> None:
-        import boto3
+        import boto3  # lazy: AWS SDK (~0.2 s) only when used
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -43,7 +43,7 @@ class S3Store(Store):
         crt = self._crt_client()
         if crt is None:
             return None
-        from s3torchconnector.dcp import S3StorageWriter
+        from s3torchconnector.dcp import S3StorageWriter  # lazy: s3-dcp extra
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
 
         writer = S3StorageWriter(crt.region, f"s3://{self.bucket}/{self._key(key)}", thread_count=4)
@@ -54,7 +54,7 @@ class S3Store(Store):
         crt = self._crt_client()
         if crt is None:
             return None
-        from s3torchconnector.dcp import S3StorageReader
+        from s3torchconnector.dcp import S3StorageReader  # lazy: s3-dcp extra
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
 
         reader = S3StorageReader(crt.region, f"s3://{self.bucket}/{self._key(key)}")
@@ -64,7 +64,7 @@ class S3Store(Store):
     def _crt_client(self):
         """An s3torchconnector client in boto3's region, at AWS_ENDPOINT_URL(_S3) when set; None if not installed."""
         try:
-            import s3torchconnector.dcp  # noqa: F401 (needs its "dcp" extra)
+            import s3torchconnector.dcp  # noqa: F401  # lazy: s3-dcp extra (None without it)
             from s3torchconnector import S3ClientConfig
             from s3torchconnector._s3client import S3Client
         except ImportError:
@@ -79,7 +79,7 @@ class S3Store(Store):
         or a Conflict where ``missing_is_conflict`` (an If-Match on a deleted object); for a ``conditional`` write,
         412 PreconditionFailed (changed, or present for a create) and 409 ConditionalRequestConflict (a concurrent
         conditional write won) are a Conflict. Anything else is raised as it is."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: AWS SDK (~0.2 s) only when used
 
         try:
             yield

@@ -113,7 +113,7 @@ def cos_endpoint(region: str) -> str:
 
 def _botocore_credentials(provider):
     """The provider's key as botocore credentials: refreshable when it expires (a CAM role's)."""
-    from botocore.credentials import Credentials as Fixed, RefreshableCredentials
+    from botocore.credentials import Credentials as Fixed, RefreshableCredentials  # lazy: boto3 only for the COS store
 
     def metadata() -> dict:
         c = provider.get()
@@ -128,7 +128,7 @@ def _botocore_credentials(provider):
 
 def cos_client(region: str, provider):
     """A boto3 S3 client for COS (or the emulator boto3's AWS_ENDPOINT_URL names) with the Tencent key."""
-    import boto3
+    import boto3  # lazy: boto3 only for the COS store
     import botocore.session
     from botocore.config import Config
 

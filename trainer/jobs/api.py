@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer import EXIT_PREEMPTED
+from trainer.loop.checkpoint import Checkpointer as Commits, from_bytes
 from trainer.loop.stop import StopNotice, install_signal_handlers
+from trainer.loop.storage import open_store
 
 EXIT_REQUEUE = EXIT_PREEMPTED
 DEFAULT_CHECKPOINT_URI = "checkpoints"
@@ -90,9 +92,6 @@ class Checkpointer:
     """Commit-protocol checkpoints of any state dicts at the job's checkpoint location (or ``uri``)."""
 
     def __init__(self, uri: str | None = None, keep: int = 2):
-        from trainer.loop.checkpoint import Checkpointer as Commits
-        from trainer.loop.storage import open_store
-
         watch_signals()
         self.uri = uri or checkpoint_uri()
         self._commits = Commits(open_store(self.uri), keep)
@@ -103,8 +102,6 @@ class Checkpointer:
 
     def restore(self) -> tuple[int, dict | None]:
         """(step, {name: state}) of the newest valid checkpoint, or (0, None) when there is none."""
-        from trainer.loop.checkpoint import from_bytes
-
         found = self._commits.load_latest()
         if found is None:
             return 0, None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import UsageError
+from trainer.loop.storage import open_store
 
 MB = 1000 * 1000
 MAX_BYTES = 200 * MB  # the files of a bundle, before compression
@@ -126,8 +127,6 @@ def store_base(bucket: str) -> str:
 
 def upload(bundle: Bundle, bucket: str) -> tuple[str, bool]:
     """Put the bundle under <store>/code/ unless it is there already: (its URI, whether it was uploaded)."""
-    from trainer.loop.storage import open_store
-
     base = store_base(bucket)
     store = open_store(base)
     if store.exists(bundle.key):
@@ -151,8 +150,6 @@ def _digest(path: Path) -> str:
 def fetch(uri: str, cache_dir: str | os.PathLike) -> Path:
     """The bundle at ``uri`` in the local cache, the SHA-256 of its tar stream checked against its name at every
     use: a cached copy that another job changed is downloaded again, never run."""
-    from trainer.loop.storage import open_store
-
     base, _, name = uri.rpartition("/" + PREFIX)
     sha = name.removesuffix(".tar.gz")
     path = Path(cache_dir) / name

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from trainer.errors import UsageError
 from trainer.jobs import logs, records
+from trainer.jobs.bundle import store_base
+from trainer.jobs.queue import open_queue
 from trainer.jobs.records import RecordStore
 
 if TYPE_CHECKING:
@@ -153,8 +155,6 @@ def checkpoint_uri(target: Target, rec: dict) -> str:
             return args[i + 1]
         if arg.startswith("--checkpoint-uri="):
             return arg.partition("=")[2]
-    from trainer.jobs.bundle import store_base
-
     return f"{store_base(target.bucket)}jobs/{rec['job_id']}/"
 
 
@@ -201,8 +201,6 @@ def retry(target: Target, job_id: str) -> str:
     queued. It resumes from its newest checkpoint."""
     if not target.queue_url:
         raise UsageError(f"retry: no queue; give --stack NAME or --queue-url (or {ENV['queue_url']})")
-    from trainer.jobs.queue import open_queue
-
     rs = target.records()
     rec = rs.get(job_id)
     if rec.get("kind") == "sbatch":

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from trainer.errors import UsageError
+from trainer.jobs.bundle import store_base
 from trainer.jobs.spec import hidden_values
 from trainer.loop.storage import Conflict, Store, open_store
 
@@ -202,8 +203,6 @@ class RecordStore:
     @classmethod
     def of_bucket(cls, bucket: str, **kw) -> "RecordStore":
         """The records of the cluster's bucket (an S3 bucket name, or a store URI: az://, https://, cos://)."""
-        from trainer.jobs.bundle import store_base
-
         return cls(open_store(store_base(bucket)), **kw)
 
     # --- reading and conditional writing ----------------------------------------------------------

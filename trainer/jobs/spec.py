@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from trainer.errors import UsageError
+from trainer.loop.config import parse_args
 
 SPEC_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("job.schema.json")
@@ -41,7 +42,7 @@ def _whole(pattern: str) -> str:
 
 
 def _pattern(validator, pattern, instance, schema_):
-    import jsonschema
+    import jsonschema  # lazy: jsonschema (~60 ms) only to validate; gpufleet's start-up imports this module
 
     if validator.is_type(instance, "string") and not re.search(_whole(pattern), instance):
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
@@ -49,7 +50,7 @@ def _pattern(validator, pattern, instance, schema_):
 
 @lru_cache(maxsize=1)
 def _validator():
-    import jsonschema
+    import jsonschema  # lazy: jsonschema (~60 ms) only to validate; gpufleet's start-up imports this module
 
     whole = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern})
     return whole(schema())
@@ -203,7 +204,7 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
     name = f"job {job_id}" if isinstance(job_id, str) and JOB_ID.fullmatch(job_id) else "job"
     if raw.get("spec") != SPEC_VERSION:
         raise UsageError(f"{name}: spec {raw.get('spec')!r} is not supported; expected {SPEC_VERSION}")
-    import jsonschema
+    import jsonschema  # lazy: jsonschema (~60 ms) only to validate; gpufleet's start-up imports this module
 
     _encodable(raw, name)
     errors = sorted(_validator().iter_errors(raw), key=jsonschema.exceptions.relevance)
@@ -228,8 +229,6 @@ def validate(raw: object, max_nodes: int | None = None) -> Job:
     if max_nodes is not None and job.nodes > max_nodes:
         raise UsageError(f"{name}: nodes: {job.nodes} is not allowed; the stack runs at most {max_nodes} node(s)")
     if job.kind == "trainer":
-        from trainer.loop.config import parse_args
-
         try:
             parse_args(list(job.args))
         except UsageError as exc:

@@ -25,8 +25,11 @@ from dataclasses import replace
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import bundle
+from trainer.jobs.commands import resolve
 from trainer.jobs.queue import open_queue
+from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob, reused
 from trainer.jobs.spec import Job, check_job_id, validate
+from trainer.loop.config import FIELDS
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 SECRET_SOURCES = ("ssm", "keyvault")
@@ -37,8 +40,6 @@ def parse_sweep(text: str, kind: str = "trainer") -> tuple[str, list[str]]:
     dashes). Image and code jobs: KEY is an environment variable, also substituted for {KEY} in ARGV."""
     key, sep, values = text.partition("=")
     if kind == "trainer":
-        from trainer.loop.config import FIELDS
-
         name = key.strip().lstrip("-").replace("-", "_")
         if not sep or name not in FIELDS:
             raise UsageError(f"--sweep: {text!r} is not allowed; expected KEY=V1,V2,... with KEY a train flag "
@@ -154,8 +155,6 @@ def main(argv: list[str]) -> int:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
     if args.stack:
-        from trainer.jobs.commands import resolve
-
         target = resolve(args.stack, args.project_dir, None, None)
         args.queue_url, args.bucket = target.queue_url, target.bucket
     args.queue_url = args.queue_url or os.environ.get("GPUFLEET_QUEUE_URL")
@@ -196,8 +195,6 @@ def main(argv: list[str]) -> int:
     queue = open_queue(args.queue_url)
     book = None
     if args.bucket:
-        from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob, reused
-
         book = RecordStore.of_bucket(args.bucket)
         for job in jobs:  # refuse a taken id before anything is uploaded or sent
             try:

@@ -10,6 +10,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+import torch
+
 from trainer.errors import ArgumentParser, UsageError
 from trainer.loop.checkpoint import Checkpointer, CorruptCheckpoint
 from trainer.loop.storage import open_store
@@ -19,10 +21,9 @@ log = logging.getLogger("trainer")
 
 def convert(uri: str, out: str, step: int | None = None) -> int:
     """Writes the model state of the checkpoint at `uri` to `out`; returns the step converted."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # lazy: torch DCP (~1 s) after the flags
 
-    from trainer.loop.dcp import download
+    from trainer.loop.dcp import download  # lazy: torch DCP (~1 s) after the flags
 
     checkpoints = Checkpointer(open_store(uri), keep=1)
     if step is None:

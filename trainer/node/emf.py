@@ -72,7 +72,7 @@ def summarize(records: list[dict]) -> dict[str, float]:
 def gpu_utilisation() -> float | None:
     """Mean GPU utilisation in percent over this node's GPUs (NVML, else nvidia-smi); None without GPUs."""
     try:
-        import pynvml  # optional (nvidia-ml-py)
+        import pynvml  # lazy: optional (nvidia-ml-py)
 
         pynvml.nvmlInit()
         try:

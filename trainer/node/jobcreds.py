@@ -34,7 +34,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
+from trainer.clouds import adapter
 from trainer.errors import ArgumentParser, UsageError
+from trainer.jobs.records import RecordStore
+from trainer.node import node_schema
+from trainer.slurm import batch
+from trainer.slurm import client as default_client
+from trainer.slurm.bridge import MIRROR_PREFIX
 
 log = logging.getLogger("gpufleet.credentials")
 
@@ -190,10 +196,6 @@ def serve(broker: Broker, host: str = HOST, port: int = PORT) -> ThreadingHTTPSe
 def job_of(slurm_id: str, bridge_user: str, records, slurm=None, wait_s: float = RECORD_WAIT_S,
            sleep: Callable[[float], None] = time.sleep) -> str:
     """Which gpufleet job Slurm job ``slurm_id`` is (see the module's docstring)."""
-    from trainer.slurm import batch
-    from trainer.slurm import client as default_client
-    from trainer.slurm.bridge import MIRROR_PREFIX
-
     slurm = slurm or default_client
     job = slurm.job(slurm_id)
     if job is None:
@@ -220,8 +222,6 @@ def job_of(slurm_id: str, bridge_user: str, records, slurm=None, wait_s: float =
 
 def settings_of(args) -> dict:
     """node.json's (the node's cloud, region, and ``aws.bucket``, ``aws.job_role_arn``), with the flags over it."""
-    from trainer.node import node_schema
-
     node = node_schema.load(node_schema.PATH) if Path(node_schema.PATH).exists() else {}
     aws = dict(node.get("aws") or {})
     aws.update({k: v for k, v in (("bucket", args.bucket), ("job_role_arn", args.role_arn)) if v})
@@ -251,8 +251,6 @@ def main(argv: list[str]) -> int:
         raise UsageError("credentials: no bucket or region: give --bucket and --region, or run on a node whose "
                          "node.json has them")
     if args.action == "prolog":
-        from trainer.jobs.records import RecordStore
-
         env = os.environ
         slurm_id = env.get("SLURM_JOB_ID", "")
         if not SLURM_ID.fullmatch(slurm_id) or not env.get("SLURM_JOB_UID", "").isdigit():
@@ -266,8 +264,6 @@ def main(argv: list[str]) -> int:
     if not settings["aws"].get("job_role_arn"):
         raise UsageError("credentials serve: no job role: give --role-arn, or run on a node whose node.json has "
                          "aws.job_role_arn")
-    from trainer.clouds import adapter
-
     cloud = adapter("aws")
     _private_dir(Path(args.dir), 0o755)
     facts = cloud.instance_facts() if settings.get("cloud") == "aws" else {}  # only where node.json names AWS

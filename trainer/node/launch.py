@@ -15,6 +15,10 @@ import signal
 import sys
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing import api
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
 from trainer import EXIT_PREEMPTED
 
 
@@ -51,10 +55,6 @@ def pass_stop_signals_on(api) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
     pass_stop_signals_on(api)
     try:
         run(get_args_parser().parse_args(argv))

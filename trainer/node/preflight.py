@@ -51,7 +51,7 @@ class HostProbe:
 
     def gpu_count(self) -> int:
         try:
-            import pynvml  # optional (nvidia-ml-py)
+            import pynvml  # lazy: optional (nvidia-ml-py)
 
             pynvml.nvmlInit()
             try:

@@ -40,6 +40,7 @@ from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.jobs.spec import JOB_ID, Job, hidden_names, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
+from trainer.node.emf import Emitter
 from trainer.slurm import batch, client
 from trainer.slurm.client import SlurmError, SlurmJob
 from trainer.slurm.envkeep import DEFAULT_DIR, EnvKeep
@@ -487,8 +488,6 @@ def gauge_emitter(emf_log: str | None, namespace: str | None, command: str):
     """The EMF emitter of a controller daemon's gauges (no dimensions: one series per stack), appending to
     ``emf_log`` ("-": standard output); None without a file, or, with a warning, where it cannot be written (the
     daemon runs on without gauges). UsageError without a namespace."""
-    from trainer.node.emf import Emitter
-
     if not emf_log:
         return None
     if not namespace:

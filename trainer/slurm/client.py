@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainer.errors import Fault
+from trainer.slurm.states import exit_status
 
 TIMEOUT_S = 60
 SEARCH_PATH = "/usr/local/bin:/usr/bin:/usr/local/sbin:/usr/sbin:/bin:/sbin"
@@ -168,8 +169,6 @@ def _time(value) -> float | None:
 
 
 def _job(raw: dict) -> SlurmJob:
-    from trainer.slurm.states import exit_status
-
     raw = normalise_job(raw)
     array_job, task = raw.get("array_job_id") or None, raw.get("array_task_id")
     job_id = f"{array_job}_{task}" if array_job and task is not None else str(raw["job_id"])

@@ -32,10 +32,13 @@ import threading
 import time
 from pathlib import Path
 
+from trainer.clouds import adapter, node_adapter
 from trainer.errors import ArgumentParser, UsageError
 from trainer.node import metric_names
+from trainer.node.preflight import HostProbe, check
 from trainer.periodic import Periodic
 from trainer.slurm import client
+from trainer.slurm.bridge import add_gauge_flags, gauge_emitter, metric_namespace
 from trainer.slurm.client import SlurmError, SlurmNode
 
 log = logging.getLogger("gpufleet.nodes")
@@ -174,8 +177,6 @@ def provider(config: dict, path: str) -> NodeProvider:
     name = config.get("provider")
     if name in PROVIDERS:
         return PROVIDERS[name](config, path)
-    from trainer.clouds import node_adapter
-
     try:
         return node_adapter(name).NodeProvider(config)
     except (KeyError, AttributeError, ImportError):
@@ -187,8 +188,7 @@ def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
     """The node's health check when it starts and every ``health_every_s`` (config, default HEALTH_EVERY_S; 0:
     never), and, until a stop notice comes: then drain this node, requeue its jobs, power it down when they are
     gone."""
-    from trainer.clouds import adapter
-    from trainer.loop.stop import StopNotice
+    from trainer.loop.stop import StopNotice  # lazy: torch, only for watch
 
     notice = StopNotice()
     watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
@@ -238,8 +238,6 @@ def health(name: str, probe=None) -> int:
     its Slurm definition. A node that fails is drained, with the failed checks as the reason, and its jobs
     requeued to run elsewhere; it stays drained until an operator resumes it (`scontrol update nodename=NAME
     state=resume`). Exit 0 either way: the drain is the verdict."""
-    from trainer.node.preflight import HostProbe, check
-
     findings = check(expected_hardware(client.node_fields(name)), probe or HostProbe())
     failed = [f for f in findings if not f.ok]
     if not failed:
@@ -343,8 +341,6 @@ def serve_heal(stop: threading.Event, every_s: float = HEAL_EVERY_S, emitter=Non
 
 
 def _heal_main(args) -> int:
-    from trainer.slurm.bridge import gauge_emitter, metric_namespace
-
     if not args.every > 0:
         raise UsageError(f"nodes heal: --every {args.every:g} is not allowed; expected seconds > 0")
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "nodes heal")
@@ -355,8 +351,6 @@ def _heal_main(args) -> int:
 
 
 def parser() -> ArgumentParser:
-    from trainer.slurm.bridge import add_gauge_flags
-
     p = ArgumentParser(prog="python -m trainer nodes", description="Slurm's power saving programs, a node's "
                        "notice watcher and health check, and the controller's healer of DOWN nodes.")
     p.add_argument("action", choices=("resume", "suspend", "resume-fail", "watch", "health", "heal"))

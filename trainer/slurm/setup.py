@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
+from trainer.clouds import node_adapter
 from trainer.errors import ArgumentParser, Fault, UsageError
 from trainer.node import node_schema
 from trainer.slurm import accounts
@@ -85,8 +86,6 @@ def _command(argv: list[str], input: str | None = None) -> str:
 
 
 def _adapter(cloud: str):
-    from trainer.clouds import node_adapter
-
     return node_adapter(cloud)
 
 

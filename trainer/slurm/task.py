@@ -18,18 +18,25 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
+from trainer.jobs import bundle
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, hidden_names, validate
-from trainer.node import node_schema
+from trainer.loop.config import TrainConfig, parse_args
+from trainer.loop.storage import open_store
+from trainer.node import emf, metric_names, node_schema
+from trainer.node.platform import open_platform
+from trainer.node.registry import login_env
 from trainer.node.runner import (CONTROL_DIR, SCRATCH, STOP_FILE, ContainerRun, ProcessGroupRun, Running,
                                  TrainerRun, code_environment, container_user, docker_argv, job_environment,
                                  job_scratch, loggable, node_facts, stop_grace)
+from trainer.node.tracking import Output, Tracking
 from trainer.slurm import batch, client
 
 log = logging.getLogger("gpufleet.task")
@@ -57,8 +64,6 @@ def default_checkpoint_uri(bucket: str, job_id: str) -> str:
 
 def trainer_args(job: Job, checkpoint_uri: str, metrics_path: str) -> tuple[list[str], str, str]:
     """The job's train flags with the node's defaults: (args, checkpoint URI, metrics file)."""
-    from trainer.loop.config import TrainConfig, parse_args
-
     cfg = parse_args(list(job.args))
     args = list(job.args)
     uri, metrics = cfg.checkpoint_uri, cfg.metrics_file
@@ -73,8 +78,7 @@ def trainer_args(job: Job, checkpoint_uri: str, metrics_path: str) -> tuple[list
 
 def saved_step(uri: str) -> int | None:
     """The newest committed checkpoint's step at ``uri`` (steps done after it are done again on resume)."""
-    from trainer.loop.checkpoint import Checkpointer
-    from trainer.loop.storage import open_store
+    from trainer.loop.checkpoint import Checkpointer  # lazy: torch, only for a stopped job's step
 
     saved = Checkpointer(open_store(uri), keep=1).steps()
     return saved[0] if saved else None
@@ -83,9 +87,6 @@ def saved_step(uri: str) -> int | None:
 def open_emitter(path: str | None, node: dict, dimensions: dict[str, str]):
     """The EMF emitter of this task, appending to ``path`` (the CloudWatch agent ships /var/log/gpufleet/*.log to
     the stack's log group); None, with a warning, where the file cannot be written (the job runs without)."""
-    from trainer.node import metric_names
-    from trainer.node.emf import Emitter
-
     if not path:
         return None
     try:
@@ -94,7 +95,7 @@ def open_emitter(path: str | None, node: dict, dimensions: dict[str, str]):
         log.warning("metrics: %s cannot be written (%s); the job runs without EMF metrics", path, exc.strerror)
         return None
     namespace = node.get("metric_namespace") or metric_names.namespace(node.get("stack", "default"))
-    return Emitter(namespace, out, dimensions)
+    return emf.Emitter(namespace, out, dimensions)
 
 
 def trainer_command(args: list[str], nproc: int, nnodes: int, node_rank: int, rdzv: str, run_id: str) -> list[str]:
@@ -160,8 +161,6 @@ class Task:
             run.stop(stop_grace(self.node.get("cloud")))
 
     def start(self, platform, output) -> Running:
-        from trainer.node.registry import login_env
-
         job, slurm = self.job, self.slurm
         control = self.dir / "control"
         control.mkdir(parents=True, exist_ok=True)
@@ -175,7 +174,6 @@ class Task:
             secrets[CREDENTIALS_TOKEN] = os.environ[CREDENTIALS_TOKEN]
         rdzv = self.rdzv()
         popen = output.popen_kw() if output else {}
-        import subprocess
 
         def spawn(cmd, **kw):
             proc = subprocess.Popen(cmd, start_new_session=True, **popen, **kw)
@@ -216,8 +214,6 @@ class Task:
             docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
             log.info("running %s", " ".join(loggable(argv, list(job.command))))
             return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
-        from trainer.jobs import bundle
-
         archive = bundle.fetch(job.code, self.dir.parent.parent / "bundles")
         code = bundle.unpack(archive, self.dir / "code")
         log.info("running %s in %s", " ".join(job.command), code)
@@ -226,11 +222,6 @@ class Task:
         return ProcessGroupRun(spawn(list(job.command), env=run_env, cwd=code), control / STOP_FILE)
 
     def __call__(self) -> int:
-        from trainer.node import metric_names
-        from trainer.node.emf import GpuSampler, MetricsTail, gpu_utilisation
-        from trainer.node.platform import open_platform
-        from trainer.node.tracking import Output, Tracking
-
         platform = self.platform or open_platform(self.node)
         output = None
         try:
@@ -254,13 +245,13 @@ class Task:
                 self.stop()
             rank0 = self.slurm["node_rank"] == 0
             if emitter:
-                watchers.append(GpuSampler(emitter, self.emf_interval_s).start())
+                watchers.append(emf.GpuSampler(emitter, self.emf_interval_s).start())
                 if rank0 and self.metrics:
-                    tail = MetricsTail(self.metrics, emitter, self.emf_interval_s).start()
+                    tail = emf.MetricsTail(self.metrics, emitter, self.emf_interval_s).start()
                     watchers.append(tail)
             if rank0 and self.metrics:
                 watchers.append(Tracking(self.records, self.job.job_id, self.metrics, _total_steps(self.job),
-                                         gpu_util=gpu_utilisation).start())
+                                         gpu_util=emf.gpu_utilisation).start())
             rc = run.wait()
         finally:
             for w in reversed(watchers):
@@ -280,8 +271,6 @@ class Task:
 
 
 def _total_steps(job: Job) -> int | None:
-    from trainer.loop.config import parse_args
-
     try:
         return parse_args(list(job.args)).steps
     except UsageError:
