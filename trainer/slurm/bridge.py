@@ -1,7 +1,10 @@
 """`python -m trainer controller`: the bridge from the job queue to Slurm, on the controller.
 
 Each message becomes an ``sbatch`` of the batch script its spec renders (trainer.slurm.batch); the jobs of a
-sweep (spec "array") are gathered by their submit's nonce and become one Slurm job array. Slurm then does the
+sweep (spec "array") are gathered by their submit's nonce and become one Slurm job array. Each team has a queue of
+its own, which only the team's submit identity may send to (the stack's queue policy): a job's team, and so its
+Slurm account, is the queue its first message came through, never anything its body says; the record keeps it
+(``team``), and a message through another team's queue that names the job is refused. Slurm then does the
 scheduling, the gang allocation, requeues and node health; the bridge keeps every job's record true from
 Slurm's own state (``squeue --json``, through the one table in trainer.slurm.states) and does what Slurm does not:
 
@@ -12,7 +15,8 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
   an exit status in ``on_exit_codes`` always retries), each resubmission with its own key;
 - a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
 - jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch");
-- an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job;
+- an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job of
+  its team;
 - a record shows its job's env names, never their values: the bridge keeps the values of the jobs it submits on
   the controller (trainer.slurm.envkeep) and fills them in when the job comes again without them (a retry);
 - once a minute, the jobs' gauges the stack's alarms and dashboard read (:func:`job_gauges`: pending, running,
@@ -41,7 +45,7 @@ from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.jobs.spec import JOB_ID, Job, hidden_names, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.emf import Emitter
-from trainer.slurm import batch, client
+from trainer.slurm import accounts, batch, client
 from trainer.slurm.client import SlurmError, SlurmJob
 from trainer.slurm.envkeep import DEFAULT_DIR, EnvKeep
 from trainer.slurm.states import lifecycle
@@ -59,6 +63,7 @@ HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays h
 
 @dataclass
 class _Gathering:
+    team: str | None
     count: int
     first_seen: float
     members: dict[int, tuple[Message, Job]] = field(default_factory=dict)
@@ -97,10 +102,13 @@ def job_gauges(jobs: list[SlurmJob], now: float) -> dict[str, float]:
 
 
 class Bridge:
-    def __init__(self, queue: JobQueue, recs: RecordStore, site: batch.Site, slurm=client,
+    def __init__(self, queue: JobQueue | None, recs: RecordStore, site: batch.Site, slurm=client,
                  clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S, emitter=None,
-                 env_keep: EnvKeep | None = None):
-        self.queue, self.records, self.site, self.slurm = queue, recs, site, slurm
+                 env_keep: EnvKeep | None = None, team_queues: dict[str, JobQueue] | None = None):
+        # each team's queue (a message's team is the queue it came through); or one queue, for site.account's team
+        self.queues: dict[str | None, JobQueue] = dict(team_queues) if team_queues else {site.account: queue}
+        self._turn = 0                        # the queue received from next, in turn while nothing comes
+        self.records, self.site, self.slurm = recs, site, slurm
         self.env_keep = env_keep              # the jobs' env values (records show names only), or None
         self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
         self.emitter = emitter                # the gauges' EMF emitter (trainer.node.emf.Emitter), or None
@@ -118,16 +126,21 @@ class Bridge:
     # --- the loop ---------------------------------------------------------------------------------------------
 
     def serve(self, stop: threading.Event) -> int:
-        log.info("bridge: queue %s -> Slurm; records in %s", getattr(self.queue, "url", "?"), self.records.store.uri)
+        log.info("bridge: %s -> Slurm; records in %s", ", ".join(
+            f"team {team or '(default account)'}'s queue {getattr(q, 'url', '?')}" for team, q in self.queues.items()),
+            self.records.store.uri)
         while not stop.is_set():
             self.step()
         return 0
 
     def step(self) -> None:
         try:
-            msg = self.queue.receive(self.receive_wait_s)
+            team = list(self.queues)[self._turn % len(self.queues)]
+            msg = self.queues[team].receive(self.receive_wait_s)
             if msg is not None:
-                self.take(msg)
+                self.take(msg, team)
+            else:
+                self._turn += 1
             self.flush_gatherings()
             if self.clock() - self._last_sync >= SYNC_EVERY_S:
                 self.sync()
@@ -142,25 +155,31 @@ class Bridge:
 
     # --- messages -> sbatch ---------------------------------------------------------------------------------
 
-    def take(self, msg: Message) -> None:
+    def take(self, msg: Message, team: str | None = None) -> None:
+        """A message from ``team``'s queue."""
+        queue = self.queues[team]
         try:
             job = self.with_values(parse_job(msg.body))
         except UsageError as exc:
-            self.refuse(msg, exc)
+            self.refuse(msg, exc, team)
             return
-        rec = self._record(job)
+        rec = self._record(job, team)
+        if rec.get("team", team) != team:
+            self.refuse(msg, UsageError(f"job {job.job_id} is team {rec['team']}'s; a message through team "
+                                        f"{team}'s queue cannot submit it (pick another job id)"), team, mark=False)
+            return
         if rec["state"] in rc.TERMINAL or (rec.get("slurm") or {}).get("message") == msg.id:
             # finished or cancelled before it ran (`retry` queues the record before it sends), or submitted
             # before a restart that lost the delete
             log.info("job %s: %s, message %s already taken; deleted, nothing submitted", job.job_id, rec["state"],
                      msg.id)
-            self.queue.delete(msg)
+            queue.delete(msg)
             return
         if job.array:
-            nonce = job.array["nonce"]
-            g = self.gathering.setdefault(nonce, _Gathering(job.array["count"], self.clock()))
+            nonce = (team, job.array["nonce"])  # a sweep is one team's: another's message cannot join it
+            g = self.gathering.setdefault(nonce, _Gathering(team, job.array["count"], self.clock()))
             g.members[job.array["index"]] = (msg, job)
-            self.queue.extend(msg, HOLD_VISIBILITY_S)
+            queue.extend(msg, HOLD_VISIBILITY_S)
             if len(g.members) == g.count:
                 del self.gathering[nonce]
                 members = [g.members[i] for i in range(g.count)]
@@ -168,20 +187,22 @@ class Bridge:
             return
         self.submit([(msg, job)], batch.key_of([job], msg.id))
 
-    def refuse(self, msg: Message, exc: UsageError) -> None:
-        """An invalid message: to the dead-letter queue at once; one line in its record if it names a job."""
+    def refuse(self, msg: Message, exc: UsageError, team: str | None = None, mark: bool = True) -> None:
+        """An invalid message from ``team``'s queue: to the dead-letter queue at once; one line in its record if
+        it names a job of the team (``mark``)."""
         log.error("message %s: invalid job, moved to the dead-letter queue: %s", msg.id, exc)
         try:
             job_id = json.loads(msg.body).get("job_id")
         except (ValueError, AttributeError):
             job_id = None
-        if isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
+        if mark and isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
             try:
-                self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL else
-                                    {**r, "state": "failed", "reason": f"invalid: {exc}", "updated": self.clock()})
+                self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or r.get("team", team) != team
+                                    else {**r, "state": "failed", "reason": f"invalid: {exc}",
+                                          "updated": self.clock()})
             except UnknownJob:
                 pass
-        self.queue.dead_letter(msg, f"invalid job: {exc}")
+        self.queues[team].dead_letter(msg, f"invalid job: {exc}")
 
     def with_values(self, job: Job) -> Job:
         """The job with the env values its message (`jobs retry`'s, or the record's spec) names only, as kept when
@@ -193,9 +214,12 @@ class Bridge:
             return job
         return self.env_keep.fill(job)
 
-    def _record(self, job: Job) -> dict:
+    def _record(self, job: Job, team: str | None) -> dict:
+        """The job's record, made if missing; a record of no team yet becomes ``team``'s (None: none)."""
         now = self.clock()
-        return self.records.update(job.job_id, lambda r: r, missing=lambda: rc.new_record(job.to_dict(), now))
+        owned = {"team": team} if team is not None else {}
+        return self.records.update(job.job_id, lambda r: r if "team" in r else {**r, **owned},
+                                   missing=lambda: {**rc.new_record(job.to_dict(), now), **owned})
 
     def flush_gatherings(self) -> None:
         """Sweep members whose siblings did not all come in time: each runs as a single job."""
@@ -203,7 +227,7 @@ class Bridge:
         for nonce, g in list(self.gathering.items()):
             if now - g.first_seen >= self.array_wait_s:
                 del self.gathering[nonce]
-                log.warning("sweep %s: %d of %d members arrived; running them as single jobs", nonce,
+                log.warning("sweep %s: %d of %d members arrived; running them as single jobs", nonce[1],
                             len(g.members), g.count)
                 for msg, job in g.members.values():
                     self.submit([(msg, job)], msg.id)
@@ -221,13 +245,15 @@ class Bridge:
         record names its Slurm job, then the messages are deleted."""
         jobs = [j for _, j in members]
         recs = [self.records.get(j.job_id) for j in jobs]
+        team = recs[0].get("team", self.site.account)  # the Slurm account: the team the record is (a sweep's: one)
+        queue = self.queues.get(team)
         first = [len(r["attempts"]) + 1 for r in recs]
         slurm_id = self.find(key)
         if self.env_keep is not None:
             for job in jobs:  # for a retry, which comes with the names only
                 self.env_keep.keep(job)
         if slurm_id is None:
-            slurm_id = self.slurm.sbatch(batch.render(jobs, self.site, key, first))
+            slurm_id = self.slurm.sbatch(batch.render(jobs, replace(self.site, account=team), key, first))
             log.info("submitted %s as Slurm job %s (key %s)", ", ".join(j.job_id for j in jobs), slurm_id, key)
         else:
             log.info("%s: Slurm job %s has key %s already; not submitted again", ", ".join(j.job_id for j in jobs),
@@ -245,7 +271,7 @@ class Bridge:
             self.seen.pop(sid, None)
         for msg, _ in members:
             if msg is not None:
-                self.queue.delete(msg)
+                queue.delete(msg)
         return slurm_id
 
     # --- gauges --------------------------------------------------------------------------------------------
@@ -359,8 +385,8 @@ class Bridge:
         spec = {"job_id": job_id, "kind": "sbatch", "name": j.name, "user": j.user, "partition": j.partition}
         now = j.submit_time or self.clock()
         self.records.update(job_id, lambda r: r, missing=lambda: {
-            **rc.new_record(spec, now), "slurm": {"id": j.id, "key": None, "message": None, "first_attempt": 1,
-                                                  "budget_from": 0}})
+            **rc.new_record(spec, now), **({"team": j.account} if j.account else {}),
+            "slurm": {"id": j.id, "key": None, "message": None, "first_attempt": 1, "budget_from": 0}})
         self.known[j.id] = job_id
         return job_id
 
@@ -442,7 +468,11 @@ class Bridge:
 def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer controller", description="The bridge from the job queue to Slurm "
                        "(on the controller): each message an sbatch, each record kept true from Slurm's state.")
-    p.add_argument("--queue-url", default=os.environ.get("GPUFLEET_QUEUE_URL"), help="the job queue")
+    p.add_argument("--queue-url", default=os.environ.get("GPUFLEET_QUEUE_URL"),
+                   help="the job queue, of the team --account names (default GPUFLEET_QUEUE_URL); see --team-queue")
+    p.add_argument("--team-queue", action="append", metavar="TEAM=URL",
+                   help="a team's queue: its jobs run under the team's Slurm account (repeat for each team; default "
+                        "GPUFLEET_TEAM_QUEUES, space-separated); given, --queue-url and --account are not used")
     p.add_argument("--bucket", default=os.environ.get("GPUFLEET_BUCKET"), help="the stack's bucket")
     p.add_argument("--partition", help="the partition jobs go to (default: Slurm's default partition)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of a node of the partition")
@@ -503,15 +533,34 @@ def gauge_emitter(emf_log: str | None, namespace: str | None, command: str):
     return Emitter(namespace, out)
 
 
+def team_queues(given: list[str]) -> dict[str, str]:
+    """``TEAM=URL`` pairs as a mapping; UsageError (one line) for a malformed pair, a bad team or a team twice."""
+    out: dict[str, str] = {}
+    for pair in given:
+        team, sep, url = pair.partition("=")
+        if not sep or not url:
+            raise UsageError(f"controller: --team-queue {pair!r}: expected TEAM=URL")
+        if not accounts.TEAM_NAME.match(team):
+            raise UsageError(f"controller: --team-queue {pair!r}: team {team!r} is not a team name (1-15 lowercase "
+                             "letters and digits, starting with a letter)")
+        if team in out:
+            raise UsageError(f"controller: --team-queue: team {team} given twice")
+        out[team] = url
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    if not args.queue_url or not args.bucket:
-        raise UsageError("controller: --queue-url and --bucket are required (or GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
+    teams = team_queues(args.team_queue or os.environ.get("GPUFLEET_TEAM_QUEUES", "").split())
+    if not (teams or args.queue_url) or not args.bucket:
+        raise UsageError("controller: --team-queue (or --queue-url) and --bucket are required (or "
+                         "GPUFLEET_TEAM_QUEUES, GPUFLEET_QUEUE_URL, GPUFLEET_BUCKET)")
     site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type,
-                      args.account)
+                      None if teams else args.account)
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
-    bridge = Bridge(open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site, emitter=emitter,
-                    env_keep=EnvKeep(args.env_dir))
+    bridge = Bridge(None if teams else open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site,
+                    emitter=emitter, env_keep=EnvKeep(args.env_dir),
+                    team_queues={team: open_queue(url) for team, url in teams.items()})
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -57,6 +57,7 @@ class SlurmJob:
     start_time: float | None
     end_time: float | None
     tasks: int = 1          # the array elements this line stands for: a pending array's are one line until they start
+    account: str = ""       # the Slurm account (team) it runs under
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,8 @@ def _job(raw: dict) -> SlurmJob:
         nodes=tuple(hostnames(nodes)) if nodes else (), user=raw.get("user_name") or "",
         partition=raw.get("partition") or "", submit_time=_time(raw.get("submit_time")),
         start_time=_time(raw.get("start_time")), end_time=_time(raw.get("end_time")),
-        tasks=array_size(raw.get("array_task_string") or "") if array_job and task is None else 1)
+        tasks=array_size(raw.get("array_task_string") or "") if array_job and task is None else 1,
+        account=raw.get("account") or "")
 
 
 def jobs() -> list[SlurmJob]:

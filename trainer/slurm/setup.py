@@ -270,14 +270,18 @@ def _runner(system: System) -> Callable[..., subprocess.CompletedProcess]:
 
 def bridge_env(settings: dict) -> str:
     """/etc/gpufleet/bridge.env: gpufleet-bridge.service's EnvironmentFile (its flags and the SDKs' standard
-    variables), from controller.json. Nothing secret: the bridge reaches the queue and bucket with the
-    machine's identity."""
+    variables), from controller.json: with a queue for each team (``teams[].queue_url``), GPUFLEET_TEAM_QUEUES
+    (the bridge's --team-queue), else the one queue and the first team's account. Nothing secret: the bridge
+    reaches the queues and bucket with the machine's identity."""
     values = {
         "GPUFLEET_QUEUE_URL": settings["queue_url"], "GPUFLEET_BUCKET": settings["bucket"],
         "GPUFLEET_PARTITION": settings["partition"], "GPUFLEET_GPUS": str(settings["gpus"]),
         "GPUFLEET_INSTANCE_TYPE": settings["instance_type"], "SLURM_CONF": SLURM_CONF,
         "GPUFLEET_ACCOUNT": accounts.teams_of(settings.get("teams") or [])[0].name,
     }
+    team_queues = [(t["name"], t.get("queue_url")) for t in settings.get("teams") or []]
+    if team_queues and all(url for _, url in team_queues):  # each team its queue: a job's account is its queue's
+        values["GPUFLEET_TEAM_QUEUES"] = " ".join(f"{name}={url}" for name, url in team_queues)
     cloud = settings["cloud"]
     if cloud in REGION_VARIABLE:
         values[REGION_VARIABLE[cloud]] = settings["region"]

@@ -426,3 +426,18 @@ def test_missing_controller_keys_are_named(machine):
 
 def test_the_command_is_registered():
     assert trainer_main.COMMANDS["setup"] == "trainer.slurm.setup"
+
+
+def test_with_a_queue_for_each_team_the_bridge_reads_each_under_its_teams_account(machine):
+    base = "https://sqs.eu-west-1.amazonaws.com/123456789012/gpufleet-dev-jobs"
+    teams = [{"name": "vision", "fair_share": 2, "gpu_limit": None, "queue_url": base},
+             {"name": "nlp", "fair_share": 1, "gpu_limit": 1, "queue_url": f"{base}-nlp"}]
+    write_json(machine.root, "/etc/gpufleet/controller.json", {**CONTROLLER, "teams": teams})
+    run(machine, "controller")
+    env = (machine.root / "etc/gpufleet/bridge.env").read_text().splitlines()
+    assert f'GPUFLEET_TEAM_QUEUES="vision={base} nlp={base}-nlp"' in env
+    # one team without a queue of its own: the one queue, under the first team's account (Azure, Tencent)
+    write_json(machine.root, "/etc/gpufleet/controller.json", {**CONTROLLER, "teams": [teams[0], {"name": "nlp"}]})
+    run(machine, "controller")
+    env = (machine.root / "etc/gpufleet/bridge.env").read_text()
+    assert "GPUFLEET_TEAM_QUEUES" not in env and 'GPUFLEET_ACCOUNT="vision"' in env.splitlines()
