@@ -50,7 +50,7 @@ def _currency(rec: dict) -> str:
 
 
 def _target(args):
-    return commands.resolve(args.stack, args.project_dir, args.queue_url, args.bucket, args.dlq_url)
+    return commands.resolve(args.stack, args.project_dir, args.queue_url, args.bucket, args.dlq_url, team=args.team)
 
 
 def _list(args) -> int:
@@ -144,6 +144,8 @@ SUBCOMMANDS = {  # name -> (run, help)
 
 def _where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", metavar="NAME", help="read the bucket and queues from this stack's outputs")
+    p.add_argument("--team", metavar="NAME", help="with --stack: that team's queues (`retry` sends to the queue of "
+                                                  "the job's team; default: the stack's first team)")
     p.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help="where `pulumi stack output` runs")
     p.add_argument("--bucket", help="the stack's bucket (Azure: its checkpoints container URL); "
                                     "default GPUFLEET_BUCKET")

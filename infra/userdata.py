@@ -122,16 +122,19 @@ def node_json(cfg: StackConfig, part: Partition, *, bucket: str, asg_name: str, 
 
 
 def controller_json(cfg: StackConfig, *, bucket: str, queue_url: str, log_group: str, slurm_: dict, mounts: list,
-                    own: dict | None = None, **more) -> dict:
+                    own: dict | None = None, team_queues: dict[str, str] | None = None, **more) -> dict:
     """The controller's /etc/gpufleet/controller.json, the one builder of every cloud's stack, checked by the
     node schema as its writer: the bridge's queue and bucket, the first partition (Slurm's default: its name, GPUs
-    and instance type), slurmctld's state directory, the mounts, the teams, the cloud's own object (``own``) and
-    ``more`` (Azure's shared file system)."""
+    and instance type), slurmctld's state directory, the mounts, the teams (each with its queue's URL where
+    ``team_queues`` gives one: the bridge reads each under its team's account), the cloud's own object (``own``)
+    and ``more`` (Azure's shared file system)."""
+    queues = team_queues or {}
     first = cfg.partitions[0]
     doc = {"cloud": cfg.cloud, "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "queue_url": queue_url,
            "log_group": log_group, "metric_namespace": metrics.namespace(cfg.stack), "slurm": slurm_,
            "partition": first.name, "gpus": first.primary.gpus, "instance_type": first.instance_types[0],
-           "state_dir": slurm.STATE_DIR, "mounts": mounts, "teams": [t.as_json() for t in cfg.teams], **more}
+           "state_dir": slurm.STATE_DIR, "mounts": mounts, "teams": [{**t.as_json(), **({"queue_url": queues[t.name]} if t.name in queues else {})}
+                     for t in cfg.teams], **more}
     if own is not None:
         doc[cfg.cloud] = own
     return node_schema.check_controller(doc, complete=True)

@@ -1,12 +1,13 @@
 """Data at rest: KMS key rotation, SQS queue encryption, Secrets Manager secrets (the munge key) and EFS file systems
-(the shared /home and slurmctld's state) under a customer managed key, EFS reachable over TLS only."""
+(the shared /home and slurmctld's state) under a customer managed key, EFS reachable over TLS only; a job queue
+that takes messages from one role alone (a team's: the bridge reads the team from the queue)."""
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
 from policies.common import (UNKNOWN, Stack, as_list, aws_managed_key, flag, get, items, json_doc,
                              resource_policy, stack_policy)
-from policies.tokens import EFS_FILE_SYSTEM, EFS_POLICY, KMS_KEY, SECRET, SQS_QUEUE
+from policies.tokens import EFS_FILE_SYSTEM, EFS_POLICY, KMS_KEY, SECRET, SQS_QUEUE, SQS_QUEUE_POLICY
 
 # The client actions an EFS file system policy authorizes (mount, write, root); a TLS deny must cover all three.
 EFS_CLIENT_ACTIONS = ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
@@ -102,6 +103,56 @@ def check_efs(stack: Stack, ctx):
             yield f"file system policy '{attached.name}' {_NO_TLS_DENY}", attached.urn
 
 
+# The condition operators that can hold a Deny to "everyone but this principal".
+_NOT_PRINCIPAL_OPERATORS = ("arnnotequals", "arnnotlike", "stringnotequals", "stringnotlike")
+
+
+def _sends(statement: dict) -> bool:
+    actions = [a.lower() for a in as_list(statement.get("Action")) if isinstance(a, str)]
+    return any(fnmatchcase("sqs:sendmessage", a) for a in actions)
+
+
+def _but_one_role(statement: dict) -> bool:
+    """The statement's condition names the principals it spares by aws:PrincipalArn, each a role without a
+    wildcard."""
+    condition = statement.get("Condition")
+    if not isinstance(condition, dict):
+        return False
+    for op, pairs in condition.items():
+        if not isinstance(pairs, dict) or op.lower() not in _NOT_PRINCIPAL_OPERATORS:
+            continue
+        for key, value in pairs.items():
+            arns = as_list(value)
+            if key.lower() == "aws:principalarn" and arns and all(
+                    isinstance(a, str) and ":role/" in a and "*" not in a and "?" not in a for a in arns):
+                return True
+    return False
+
+
+def one_sender(doc) -> bool:
+    """A statement denies sqs:SendMessage to every principal but named roles (aws:PrincipalArn)."""
+    if not isinstance(doc, dict):
+        return False
+    return any(isinstance(s, dict) and s.get("Effect") == "Deny" and _anyone(s) and _sends(s) and _but_one_role(s)
+               for s in as_list(doc.get("Statement")))
+
+
+def check_job_queue_sender(stack: Stack, ctx):
+    """Every job queue (an SQS queue that is no other queue's dead-letter target) has a queue policy that denies
+    sqs:SendMessage to every principal but its team's submit role."""
+    queues = stack.of(SQS_QUEUE)
+    dead_letters = {urn for q in queues for urn in q.deps("redrivePolicy")}
+    for queue in queues:
+        if queue.urn in dead_letters:
+            continue
+        docs = [json_doc(p.props.get("policy")) for p in stack.referrers(queue, [SQS_QUEUE_POLICY], "queueUrl")]
+        if UNKNOWN in docs or any(one_sender(doc) for doc in docs):
+            continue
+        yield (f"job queue '{queue.name}' takes messages from any principal the account lets send: a job's team "
+               "(its Slurm account, its fair share and GPU limit) would be whatever a sender with sqs:SendMessage "
+               "chooses"), queue.urn
+
+
 POLICIES = [
     resource_policy(
         "aws-kms-key-rotation",
@@ -113,6 +164,13 @@ POLICIES = [
         "SQS queues encrypt messages at rest.",
         types=[SQS_QUEUE], severity="medium", frameworks=["HIPAA", "GDPR"], check=check_queue_encrypted,
         remediation="Set kmsMasterKeyId to the stack's KMS key (or sqsManagedSseEnabled true for non-regulated data)."),
+    stack_policy(
+        "aws-sqs-job-queue-one-sender",
+        "Each job queue takes messages from its team's submit role alone.",
+        severity="high", frameworks=["CIS", "HIPAA", "GDPR"], check=check_job_queue_sender,
+        remediation="Give each team its queue (infra.aws.queue) and an aws.sqs.QueuePolicy with a statement Deny, "
+                    "Principal '*', Action sqs:SendMessage, Condition ArnNotEquals aws:PrincipalArn the team's "
+                    "submit role ARN; grant the team's members sts:AssumeRole on that role."),
     resource_policy(
         "aws-secretsmanager-secret-cmk",
         "Secrets Manager secrets (the munge key among them) are encrypted with a customer managed KMS key.",

@@ -61,6 +61,7 @@ IAM_ATTACHMENTS = frozenset({
 
 KMS_KEY = "aws:kms/key:Key"
 SQS_QUEUE = "aws:sqs/queue:Queue"
+SQS_QUEUE_POLICY = "aws:sqs/queuePolicy:QueuePolicy"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 SNS_TOPIC = "aws:sns/topic:Topic"
 SNS_SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"

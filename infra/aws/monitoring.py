@@ -40,15 +40,15 @@ class MonitoringArgs:
     chat_log_group_name: str
     metric_namespace: str
     classification: str
-    queue_name: pulumi.Input[str]
-    dlq_name: pulumi.Input[str]
+    queue_names: dict[str, pulumi.Input[str]]   # each team's job queue, the first team's first
+    dlq_names: dict[str, pulumi.Input[str]]     # and its dead-letter queue
     node_group: str                  # the nodes' metric dimension value (metrics.ASG)
     budget_monthly_usd: float
     alerts: tuple[Alert, ...]
     tags: dict[str, str]
 
 
-def dashboard_body(region: str, namespace: str, queue: str, dlq: str, group: str) -> dict:
+def dashboard_body(region: str, namespace: str, queues: dict[str, str], dlqs: dict[str, str], group: str) -> dict:
     def widget(title: str, metrics_: list, x: int, y: int, stat: str = "Maximum") -> dict:
         return {"type": "metric", "x": x, "y": y, "width": 12, "height": 6,
                 "properties": {"title": title, "region": region, "metrics": metrics_, "period": 60, "stat": stat}}
@@ -65,9 +65,11 @@ def dashboard_body(region: str, namespace: str, queue: str, dlq: str, group: str
             metrics.dashboard_row(namespace, metrics.GPU_UTILIZATION, group, label="all nodes"),
             [{"expression": metrics.per_node_search(namespace, metrics.GPU_UTILIZATION, group, "Average", 300),
               "id": "pernode", "label": ""}]], 0, 6, stat="Average"),
-        widget("Messages not yet taken by the bridge / dead letters", [
-            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", queue, {"label": "waiting for the bridge"}],
-            ["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", dlq, {"label": "dead letters"}]], 12, 6),
+        widget("Messages not yet taken by the bridge / dead letters, per team", [
+            *(["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", queue,
+               {"label": f"{team}: waiting for the bridge"}] for team, queue in queues.items()),
+            *(["AWS/SQS", "ApproximateNumberOfMessagesVisible", "QueueName", dlq, {"label": f"{team}: dead letters"}]
+              for team, dlq in dlqs.items())], 12, 6),
     ]}
 
 
@@ -97,13 +99,17 @@ class Monitoring(pulumi.ComponentResource):
                 # no data: no bridge to tell (the controller-down alarm says so), not a job waiting
                 treat_missing_data="notBreaching", alarm_actions=actions, ok_actions=actions, tags=tags, opts=child)
 
+        # one alarm per team's dead-letter queue; the first team's keeps the name the stack had before
         self.alarms = {
-            "dead-letters": aws.cloudwatch.MetricAlarm(
-                f"{p}-dead-letters", alarm_description="Jobs failed repeatedly and sit in the dead-letter queue",
+            ("dead-letters" if i == 0 else f"dead-letters-{team}"): aws.cloudwatch.MetricAlarm(
+                f"{p}-dead-letters" if i == 0 else f"{p}-dead-letters-{team}",
+                alarm_description=f"Jobs of team {team} failed repeatedly and sit in its dead-letter queue",
                 namespace="AWS/SQS", metric_name="ApproximateNumberOfMessagesVisible",
-                dimensions={"QueueName": args.dlq_name}, statistic="Maximum", period=300, evaluation_periods=1,
+                dimensions={"QueueName": dlq}, statistic="Maximum", period=300, evaluation_periods=1,
                 comparison_operator="GreaterThanThreshold", threshold=0, treat_missing_data="notBreaching",
-                alarm_actions=actions, ok_actions=actions, tags=tags, opts=child),
+                alarm_actions=actions, ok_actions=actions, tags=tags, opts=child)
+            for i, (team, dlq) in enumerate(args.dlq_names.items())}
+        self.alarms.update({
             "idle-gpus": aws.cloudwatch.MetricAlarm(
                 f"{p}-idle-gpus",
                 alarm_description=f"Nodes are running but their GPUs are below {IDLE_GPU_PERCENT}% busy",
@@ -114,7 +120,7 @@ class Monitoring(pulumi.ComponentResource):
                 evaluation_periods=IDLE_GPU_PERIODS, comparison_operator="LessThanThreshold",
                 threshold=IDLE_GPU_PERCENT, treat_missing_data="notBreaching", alarm_actions=actions,
                 ok_actions=actions, tags=tags, opts=child),
-        }
+        })
         gauge("old-jobs", metrics.PENDING_OVER_AN_HOUR,
               f"A job has been pending in Slurm for over {metrics.PENDING_ALARM_S // 60} minutes (no node for it)")
         gauge("resume-failures", metrics.NODES_FAILED_TO_RESUME,
@@ -124,8 +130,9 @@ class Monitoring(pulumi.ComponentResource):
 
         self.dashboard = aws.cloudwatch.Dashboard(
             f"{p}-dashboard", dashboard_name=f"{p}",
-            dashboard_body=pulumi.Output.all(args.queue_name, args.dlq_name).apply(
-                lambda v: json.dumps(dashboard_body(args.region, args.metric_namespace, v[0], v[1], args.node_group))),
+            dashboard_body=pulumi.Output.all(pulumi.Output.all(**args.queue_names), pulumi.Output.all(**args.dlq_names))
+            .apply(lambda v: json.dumps(dashboard_body(args.region, args.metric_namespace, v[0], v[1],
+                                                       args.node_group))),
             opts=child)
 
         emails = [a.endpoint for a in args.alerts if a.kind == "email"]

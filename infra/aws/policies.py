@@ -120,8 +120,51 @@ def log_bucket_policy(log_bucket_arn: str, source_bucket_arn: str, account_id: s
     return doc
 
 
-def queue_policy(queue_arn: str) -> dict:
-    return _doc(_deny_insecure_transport("sqs:*", [queue_arn]))
+def queue_policy(queue_arn: str, sender_role_arn: str | None = None) -> dict:
+    """TLS only; a team's job queue (``sender_role_arn``: the team's submit role) takes messages from that role
+    alone, whatever rights any other principal of the account holds: the queue a message came through is its
+    team (trainer.slurm.bridge). ``aws:PrincipalArn`` of a role's session is the role's ARN."""
+    doc = _doc(_deny_insecure_transport("sqs:*", [queue_arn]))
+    if sender_role_arn is not None:
+        doc["Statement"].append(
+            {"Sid": "OnlyTheTeamSends", "Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage",
+             "Resource": queue_arn, "Condition": {"ArnNotEquals": {"aws:PrincipalArn": sender_role_arn}}})
+    return doc
+
+
+def assume_role_account(account_id: str, region: str) -> dict:
+    """A team's submit role: principals of this account whose own policies let them assume it (the account's
+    administrators decide who is in the team), with MFA where they sign in with it."""
+    return _doc({"Effect": "Allow", "Principal": {"AWS": f"arn:{partition(region)}:iam::{account_id}:root"},
+                 "Action": "sts:AssumeRole"})
+
+
+# What a team's submit role writes in the bucket: records and cancels (trainer.jobs.records) and content-addressed
+# code bundles (trainer.jobs.bundle.PREFIX); it reads the records' index and the jobs' logs.
+SUBMIT_WRITES = ("jobs/", "code/")
+SUBMIT_READS = ("jobs/", "jobs-index/", "code/")
+
+
+def submit_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, region: str) -> dict:
+    """A team's submit role (`gpufleet jobs`): send to the team's queue only (its queue's policy lets no one
+    else), take its own dead letters back (`jobs retry`), keep records and bundles. No other team's queue, no
+    node, no instance, no role to pass."""
+    return _doc(
+        {"Sid": "SendToTeamQueue", "Effect": "Allow",
+         "Action": ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"], "Resource": queue_arn},
+        {"Sid": "TeamDeadLetters", "Effect": "Allow",
+         "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl",
+                    "sqs:GetQueueAttributes"], "Resource": dlq_arn},
+        {"Sid": "ListBucket", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": bucket_arn},
+        {"Sid": "ReadRecordsAndLogs", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in SUBMIT_READS]},
+        {"Sid": "WriteRecordsAndBundles", "Effect": "Allow", "Action": "s3:PutObject",
+         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in SUBMIT_WRITES]},
+        {"Sid": "UseStackKeyThroughS3AndSqs", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+         "Resource": key_arn, "Condition": {"StringEquals": {"kms:ViaService": [
+             f"{name}.{region}.{dns_suffix(region)}" for name in ("s3", "sqs")]}}},
+    )
 
 
 def topic_policy(topic_arn: str, account_id: str) -> dict:
@@ -274,14 +317,14 @@ STACK_TAG = "gpufleet-stack"
 LAUNCHED = ("instance", "volume", "network-interface", "spot-instances-request")
 
 
-def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str, key_arn: str, queue_arn: str,
-                      dlq_arn: str, log_group_arn: str, munge_secret_arn: str, node_role_arn: str,
+def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str, key_arn: str,
+                      queue_arns: list[str], dlq_arns: list[str], log_group_arn: str, munge_secret_arn: str, node_role_arn: str,
                       launch_template_arns: list[str], subnet_arns: list[str], security_group_arns: list[str],
                       image_arns: list[str], placement_group_arns: list[str], metric_namespace: str,
                       vpc_id: str) -> dict:
     """What the controller (slurmctld's power saving, the bridge) may do: launch nodes only from the stack's
     launch templates, into its subnets and security group, tagged with the stack, passing only the node role;
-    name and terminate only instances carrying the stack's tag; consume the job queue; keep the records and logs in
+    name and terminate only instances carrying the stack's tag; consume the teams' job queues; keep the records and logs in
     the bucket; create and read the munge key. Nothing in another stack or account."""
     part = partition(region)
     ec2 = f"arn:{part}:ec2:{region}:{account_id}"
@@ -320,12 +363,13 @@ def controller_policy(region: str, account_id: str, stack: str, bucket_arn: str,
                        "Bool": {"kms:GrantIsForAWSResource": True}}},
         {"Sid": "DescribeNodes", "Effect": "Allow",
          "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeTags"], "Resource": "*"},
+        # each team's queue: taken, never sent to (only the team's submit role sends: policies.queue_policy)
         {"Sid": "ConsumeJobQueue", "Effect": "Allow",
          "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
-                    "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"],
-         "Resource": queue_arn},
+                    "sqs:GetQueueAttributes", "sqs:GetQueueUrl"],
+         "Resource": queue_arns},
         {"Sid": "DeadLetterJobs", "Effect": "Allow", "Action": ["sqs:GetQueueUrl", "sqs:SendMessage"],
-         "Resource": dlq_arn},
+         "Resource": dlq_arns},
         {"Sid": "ListJobRecords", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
          "Resource": bucket_arn},
         {"Sid": "ReadWriteJobRecords", "Effect": "Allow",

@@ -83,11 +83,12 @@ def nodes_config(cfg: StackConfig, templates: dict[str, str], subnet_ids: dict[s
                            for p in cfg.partitions}}
 
 
-def controller_settings(cfg: StackConfig, names: Names, bucket: str, queue_url: str, slurm_: dict,
+def controller_settings(cfg: StackConfig, names: Names, bucket: str, team_queues: dict[str, str], slurm_: dict,
                         mounts: list[dict]) -> dict:
-    """The controller's /etc/gpufleet/controller.json: the bridge's queue and bucket, the default partition."""
-    return controller_json(cfg, bucket=bucket, queue_url=queue_url, log_group=names.log_group, slurm_=slurm_,
-                           mounts=mounts)
+    """The controller's /etc/gpufleet/controller.json: the bridge's queues (each team's) and bucket, the default
+    partition."""
+    return controller_json(cfg, bucket=bucket, queue_url=team_queues[cfg.teams[0].name], log_group=names.log_group,
+                           slurm_=slurm_, mounts=mounts, team_queues=team_queues)
 
 
 def controller_user_data(cfg: StackConfig, controller_addr: str, settings: dict, nodes: dict) -> str:
@@ -106,7 +107,12 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         + ((names.dns_log_group,) if cfg.network is None else ())
         + ((names.chat_log_group,) if any(a.kind == "chat" for a in cfg.alert_targets) else ()),
         access_logging=cfg.data_classification in ACCESS_LOGGED, tags=tags))
-    queue = JobQueue("queue", QueueArgs(prefix=names.prefix, key_arn=storage.key.arn, tags=tags))
+    # each team its queue and submit role; the first team's keeps the names the stack had before teams had queues
+    inlets = {team.name: JobQueue("queue" if i == 0 else f"queue-{team.name}", QueueArgs(
+        prefix=names.prefix, team=team.name, name="jobs" if i == 0 else f"jobs-{team.name}", region=cfg.region,
+        account_id=account_id, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn, tags=tags))
+        for i, team in enumerate(cfg.teams)}
+    queue = inlets[cfg.teams[0].name]
     images = Registry("registry", RegistryArgs(
         prefix=names.prefix, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
         pull_through=cfg.pull_through, tags=tags))
@@ -118,7 +124,8 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         prefix=names.prefix, stack=cfg.stack, region=cfg.region, account_id=account_id, key_arn=storage.key.arn,
         log_group_name=names.log_group, chat_log_group_name=names.chat_log_group,
         metric_namespace=names.metric_namespace,
-        classification=cfg.data_classification, queue_name=queue.queue.name, dlq_name=queue.dlq.name,
+        classification=cfg.data_classification, queue_names={t: q.queue.name for t, q in inlets.items()},
+        dlq_names={t: q.dlq.name for t, q in inlets.items()},
         node_group=names.node_group, budget_monthly_usd=cfg.budget_monthly_usd, alerts=cfg.alert_targets, tags=tags))
     identity = Identity("identity", IdentityArgs(
         prefix=names.prefix, region=cfg.region, bucket_arn=storage.bucket.arn, key_arn=storage.key.arn,
@@ -167,15 +174,17 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
     subnet_ids = pulumi.Output.all(*network.subnet_ids)
     part_subnets = pulumi.Output.all(**{name: pulumi.Output.all(*p.subnet_ids) for name, p in parts.items()})
     nodes = pulumi.Output.all(templates, part_subnets, groups).apply(lambda v: nodes_config(cfg, *v))
-    settings = pulumi.Output.all(storage.bucket.bucket, queue.queue.url, slurm_, shared.controller_mounts).apply(
+    team_urls = pulumi.Output.all(**{t: q.queue.url for t, q in inlets.items()})
+    settings = pulumi.Output.all(storage.bucket.bucket, team_urls, slurm_, shared.controller_mounts).apply(
         lambda v: controller_settings(cfg, names, *v))
     user_data = pulumi.Output.all(network.controller_eni.private_ip, settings, nodes).apply(
         lambda v: controller_user_data(cfg, *v))
     policy = pulumi.Output.all(
-        account_id, storage.bucket.arn, storage.key.arn, queue.queue.arn, queue.dlq.arn, monitoring.log_group.arn,
+        account_id, storage.bucket.arn, storage.key.arn, pulumi.Output.all(*[q.queue.arn for q in inlets.values()]),
+        pulumi.Output.all(*[q.dlq.arn for q in inlets.values()]), monitoring.log_group.arn,
         identity.munge_secret.arn, identity.role.arn, template_arns, subnet_ids, network.node_sg.id, image_id,
         groups, network.vpc_id).apply(lambda v: policies.controller_policy(
-            cfg.region, v[0], cfg.stack, *v[1:8], launch_template_arns=list(v[8]),
+            cfg.region, v[0], cfg.stack, v[1], v[2], list(v[3]), list(v[4]), *v[5:8], launch_template_arns=list(v[8]),
             metric_namespace=names.metric_namespace, vpc_id=v[13],
             **ctl.policy_args(cfg.region, v[0], list(v[9]), [v[10]], v[11], [g for g in v[12].values() if g])))
     controller = Controller("controller", ControllerArgs(
@@ -193,6 +202,9 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "kmsKey": storage.key.arn,
         "queueUrl": queue.queue.url,
         "dlqUrl": queue.dlq.url,
+        "teamQueues": {t: q.queue.url for t, q in inlets.items()},
+        "teamDeadLetterQueues": {t: q.dlq.url for t, q in inlets.items()},
+        "submitRoles": {t: q.submit_role.arn for t, q in inlets.items()},
         "controller": controller.instance.id,
         "controllerAddress": network.controller_eni.private_ip,
         "partitions": [p.name for p in cfg.partitions],

@@ -93,7 +93,9 @@ class Supervisor:
         self.start_heal()
         state = {"pid": os.getpid(), "dir": str(L.root), "stack": self.stack, "endpoint": self.account.endpoint,
                  "region": r.region, "bucket": r.bucket_name, "queue_url": self.account.queue_url,
-                 "dlq_url": self.account.dlq_url, "slurm_conf": str(L.slurm_conf),
+                 "dlq_url": self.account.dlq_url, "team_queues": self.account.team_queues,
+                 "team_dead_letters": self.account.team_dead_letters,
+                 "slurm_conf": str(L.slurm_conf),
                  "instance_type": L.instance_type, "nodes": {n: self.imds[n].endpoint for n in L.node_names()},
                  "slurmctld_port": L.ports()["slurmctld"], "box_id": self.box_id, "started": time.time()}
         tmp = L.state_file.with_suffix(".tmp")
@@ -223,11 +225,14 @@ class Supervisor:
 
     def start_bridge(self) -> None:
         L, r = self.layout, self.account.res
+        # each team's queue, its jobs under the team's account (a stack without team queues: the one queue)
+        queues = [f"--team-queue={team}={url}" for team, url in self.account.team_queues.items()] or [
+            "--queue-url", self.account.queue_url, "--account", self.teams[0].name]
         self.procs["bridge"] = self._spawn("bridge", [
-            self.python, "-m", "trainer", "controller", "--queue-url", self.account.queue_url,
+            self.python, "-m", "trainer", "controller", *queues,
             "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
             "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace,
-            "--env-dir", str(L.bridge_env), "--account", self.teams[0].name])
+            "--env-dir", str(L.bridge_env)])
 
     def start_credentials(self, node: str) -> None:
         """A node's job credentials endpoint (on a node: gpufleet-credentials.service, as root), which issues each

@@ -65,6 +65,8 @@ class Account:
     endpoint: str = ""
     queue_url: str = ""
     dlq_url: str = ""
+    team_queues: dict[str, str] = field(default_factory=dict)  # each team's queue (moto's URL)
+    team_dead_letters: dict[str, str] = field(default_factory=dict)  # and its dead-letter queue
     notes: list[str] = field(default_factory=list)
     _moto: subprocess.Popen | None = None
     _clients: dict = field(default_factory=dict)
@@ -117,7 +119,9 @@ class Account:
         self.notes.append(f"bucket {r.bucket_name}: " + ", ".join(
             op.removeprefix("put_").removeprefix("bucket_").replace("_", " ")
             for op, _ in rs.bucket_requests(r)[1:] if op != "put_bucket_policy"))
-        for q in (r.dlq, r.jobs):  # the dead-letter queue first: the jobs queue's redrive policy names it
+        pairs = list(r.teams.values()) or [(r.jobs, r.dlq)]
+        # each dead-letter queue first: its jobs queue's redrive policy names it
+        for q in [q for jobs, dlq in pairs for q in (dlq, jobs)]:
             for op, params in rs.queue_requests(q):
                 reply = getattr(sqs, op)(**rs.substitute(params, mapping))
                 if op == "create_queue":
@@ -125,6 +129,8 @@ class Account:
                     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
                     mapping.update({q.mock_url: url, q.mock_arn: arn})
         self.queue_url, self.dlq_url = mapping[r.jobs.mock_url], mapping[r.dlq.mock_url]
+        self.team_queues = {team: mapping[jobs.mock_url] for team, (jobs, _) in r.teams.items()}
+        self.team_dead_letters = {team: mapping[dlq.mock_url] for team, (_, dlq) in r.teams.items()}
         redrive = r.jobs.redrive or {}
         self.notes.append(f"queue {r.jobs.name} (visibility {r.jobs.inputs.get('visibilityTimeoutSeconds')} s, "
                           f"dead letters after {redrive.get('maxReceiveCount')} receives to {r.dlq.name})")

@@ -77,6 +77,7 @@ class StackResources:
     jobs: Queue
     dlq: Queue
     instance_types: list[str] = field(default_factory=list)   # the first partition's (what the box's nodes are)
+    teams: dict[str, tuple[Queue, Queue]] = field(default_factory=dict)  # each team's queue and dead letters
 
     @property
     def bucket_name(self) -> str:
@@ -130,8 +131,10 @@ def stack_resources(doc: dict) -> StackResources:
     if not partitions:
         raise PreviewMismatch(f"the preview has no {PARTITION}; the demo needs a Slurm partition")
     types = list(partitions[0]["inputs"]["instanceTypes"])
+    teams = {team: (queue(url), queue(out["teamDeadLetterQueues"][team]))
+             for team, url in (out.get("teamQueues") or {}).items()}
     return StackResources(doc["stack"], region, key, out["kmsKey"], aliases[0]["inputs"]["name"] if aliases else None,
-                          bucket, settings, queue(out["queueUrl"]), queue(out["dlqUrl"]), types)
+                          bucket, settings, queue(out["queueUrl"]), queue(out["dlqUrl"]), types, teams)
 
 
 def substitute(value: Any, mapping: dict[str, str]) -> Any:

@@ -251,3 +251,37 @@ def test_the_bucket_and_queues_of_each_clouds_outputs():
     assert target_of_outputs("tencent", {"bucket": "gpufleet-t-data-125", "queueUrl": "q", "dlqUrl": "d",
                                          "checkpointUriTemplate": "cos://gpufleet-t-data-125/jobs/<job_id>/"}) == \
         Target("cos://gpufleet-t-data-125", "q", "d")
+
+
+def test_a_teams_queues_from_the_outputs_and_a_team_without_one_is_one_line():
+    from trainer.errors import UsageError
+    from trainer.jobs.commands import Target, resolve, target_of_outputs
+
+    outputs = {"bucket": "b", "queueUrl": "qv", "dlqUrl": "dv", "teamQueues": {"vision": "qv", "nlp": "qn"},
+               "teamDeadLetterQueues": {"vision": "dv", "nlp": "dn"}}
+    assert target_of_outputs("dev", outputs, "nlp") == Target("b", "qn", "dn", "nlp")
+    assert target_of_outputs("dev", outputs) == Target("b", "qv", "dv")  # the first team's: the stack's queue
+    with pytest.raises(UsageError, match=r"^--team: stack dev has no queue for team 'speech'; its teams' queues: "
+                                         r"vision, nlp$"):
+        target_of_outputs("dev", outputs, "speech")
+    with pytest.raises(UsageError, match="its teams' queues: none: this stack has one queue for all"):
+        target_of_outputs("azure", {"bucket": "b", "queueUrl": "q"}, "nlp")
+    with pytest.raises(UsageError, match=r"^--team: give --stack NAME too"):
+        resolve(None, ".", "q", "b", team="nlp")
+
+
+def test_retry_through_another_teams_queue_is_refused_before_anything_is_sent(moto_endpoint):
+    from trainer.errors import UsageError
+    from trainer.jobs.commands import Target, retry
+    from trainer.jobs.records import RecordStore, new_record
+
+    boto3.client("s3").create_bucket(Bucket="rt-teams", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    sqs = boto3.client("sqs")
+    queue = sqs.create_queue(QueueName="rt-vision")["QueueUrl"]
+    spec = {"spec": 1, "job_id": "nlp-1", "kind": "trainer", "args": []}
+    RecordStore.of_bucket("rt-teams").update("nlp-1", lambda r: r, missing=lambda: {
+        **new_record(spec, time.time()), "state": "failed", "team": "nlp"})
+    with pytest.raises(UsageError, match=r"^retry: job nlp-1 is team nlp's; retry it with --team nlp$"):
+        retry(Target("rt-teams", queue, None, "vision"), "nlp-1")
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=0)
+    assert RecordStore.of_bucket("rt-teams").get("nlp-1")["state"] == "failed"

@@ -153,6 +153,17 @@ def in_vpc_statement(vpc_id: str = VPC_ID) -> dict:
                           "BoolIfExists": {"aws:ViaAWSService": "false"}}}
 
 
+def one_sender_policy(stack: str, operator: str = "ArnNotEquals",
+                      role: str = "arn:aws:iam::123456789012:role/gpufleet-{stack}-submit-vision") -> dict:
+    """A team's job queue: TLS only, and sent to by the team's submit role alone (infra.aws.policies.queue_policy)."""
+    arn = f"arn:aws:sqs:eu-north-1:123456789012:gpufleet-{stack}-jobs"
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "sqs:*", "Resource": [arn],
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "OnlyTheTeamSends", "Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage", "Resource": arn,
+         "Condition": {operator: {"aws:PrincipalArn": role.format(stack=stack)}}}]}
+
+
 def _dns_firewall(s: Stack, vpc: dict, t: dict) -> None:
     """The VPC's DNS firewall: AWS names and the VPC's own allowed, the rest blocked (infra.aws.dns_firewall)."""
     allowed = s.add("aws:route53/resolverFirewallDomainList:ResolverFirewallDomainList", "dns-allowed", {
@@ -184,8 +195,11 @@ def _aws_common(s: Stack, classification: str) -> dict[str, dict]:
     _bucket_guards(s, bucket, name, "data")
     if classification in ("personal", "phi"):
         _access_logs(s, bucket, name, t)
-    s.add("aws:sqs/queue:Queue", "jobs", {"kmsMasterKeyId": KEY_ARN, "visibilityTimeoutSeconds": 900, "tags": t},
-          deps={"kmsMasterKeyId": [key]})
+    jobs = s.add("aws:sqs/queue:Queue", "jobs", {"kmsMasterKeyId": KEY_ARN, "visibilityTimeoutSeconds": 900,
+                                                 "tags": t}, deps={"kmsMasterKeyId": [key]})
+    s.add("aws:sqs/queuePolicy:QueuePolicy", "jobs-policy", {
+        "queueUrl": f"https://sqs.eu-north-1.amazonaws.com/123456789012/gpufleet-{s.stack}-jobs",
+        "policy": json.dumps(one_sender_policy(s.stack))}, deps={"queueUrl": [jobs]})
     s.add("aws:cloudwatch/logGroup:LogGroup", "logs", {"name": f"/gpufleet/{s.stack}", "kmsKeyId": KEY_ARN,
                                                        "retentionInDays": 365, "tags": t}, deps={"kmsKeyId": [key]})
     vpc = s.add("aws:ec2/vpc:Vpc", "vpc", {"cidrBlock": "10.42.0.0/16", "enableDnsHostnames": True, "tags": t})

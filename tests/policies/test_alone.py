@@ -218,7 +218,11 @@ ALONE = [
     # --- KMS, SQS, logs, alerts -------------------------------------------------------------------
     Alone("aws-kms-key-rotation", "prod", "aws:kms/key:Key", {"enableKeyRotation": False, "tags": tags("prod")},
           one("aws-kms-key-rotation")),
-    Alone("aws-sqs-queue-encrypted", "prod", QUEUE, {"tags": tags("prod")}, one("aws-sqs-queue-encrypted")),
+    Alone("aws-sqs-queue-encrypted", "prod", QUEUE, {"tags": tags("prod")},
+          one("aws-sqs-queue-encrypted", "aws-sqs-job-queue-one-sender")),
+    # a queue with no policy beside it: any principal the account lets send may
+    Alone("aws-sqs-job-queue-one-sender", "prod", QUEUE, {"kmsMasterKeyId": KEY, "tags": tags("prod")},
+          one("aws-sqs-job-queue-one-sender")),
     Alone("aws-cloudwatch-loggroup-encrypted", "prod", LOGS, {"retentionInDays": 365, "tags": tags("prod")},
           one("aws-cloudwatch-loggroup-encrypted")),
     Alone("aws-cloudwatch-loggroup-retention", "prod", LOGS, {"kmsKeyId": KEY, "tags": tags("prod")},
@@ -296,7 +300,8 @@ ALONE = [
           one("azure-network-nsg-no-internet-inbound")),
     # --- compliance -------------------------------------------------------------------------------
     Alone("aws-any-resource-gdpr-region", "prod", QUEUE, {"kmsMasterKeyId": KEY, "region": "us-east-1",
-                                                          "tags": tags("prod")}, one("aws-any-resource-gdpr-region")),
+                                                          "tags": tags("prod")},
+          one("aws-any-resource-gdpr-region", "aws-sqs-job-queue-one-sender")),
     Alone("azure-any-resource-gdpr-region", "azure", SA, account(location="eastus"),
           one("azure-any-resource-gdpr-region")),
     Alone("aws-ec2-instancetype-hipaa-eligible", "phi", PARTITION, partition("phi", ["g6.xlarge"]),
@@ -304,7 +309,7 @@ ALONE = [
     Alone("azure-compute-vmsize-hipaa-eligible", "azure-phi", VM, f.azure_vm(tags=tags("azure-phi")),
           one("azure-compute-vmsize-hipaa-eligible")),   # a controller's size, but not under the controller
     Alone("aws-kms-phi-cmk-encryption", "phi", QUEUE, {"kmsMasterKeyId": "alias/aws/sqs", "tags": tags("phi")},
-          one("aws-kms-phi-cmk-encryption", PHI_WITHOUT_VPC)),
+          one("aws-kms-phi-cmk-encryption", "aws-sqs-job-queue-one-sender", PHI_WITHOUT_VPC)),
     Alone("azure-storage-account-phi-cmk", "azure-phi", SA, account(tags=tags("azure-phi")),
           one("azure-storage-account-phi-cmk")),
     # --- registries: a repository or registry of its own, every other setting right ----------------------
@@ -326,7 +331,8 @@ ALONE = [
           vault(enableRbacAuthorization=False), one("azure-keyvault-vault-rbac-purge-protected")),
     Alone("azure-keyvault-vault-no-public-access", "azure", VAULT, vault(publicNetworkAccess=None, networkAcls=None),
           one("azure-keyvault-vault-no-public-access")),
-    Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY}, one("aws-any-resource-cost-tags")),
+    Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY},
+          one("aws-any-resource-cost-tags", "aws-sqs-job-queue-one-sender")),
     Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
           one("azure-any-resource-cost-tags")),
     # --- Tencent: a bucket alone also lacks its TLS-only bucket policy -----------------------------------

@@ -208,15 +208,16 @@ US_PROVIDER = "urn:pulumi:prod::gpufleet::pulumi:providers:aws::us"
 
 def us_provider(s: f.Stack) -> None:
     provider = s.add("pulumi:providers:aws", "us", {"region": "us-east-1"})
-    queue = s.add("aws:sqs/queue:Queue", "replica", {"kmsMasterKeyId": f.KEY_ARN, "tags": f.tags("personal", "prod")},
-                  provider=provider)
-    assert queue["provider"].startswith(US_PROVIDER)
+    logs = s.add("aws:cloudwatch/logGroup:LogGroup", "replica", {"kmsKeyId": f.KEY_ARN, "retentionInDays": 365,
+                                                                "tags": f.tags("personal", "prod")}, provider=provider)
+    assert logs["provider"].startswith(US_PROVIDER)
 
 
 def tag_free_with_default_tags(s: f.Stack) -> None:
     provider = s.add("pulumi:providers:aws", "tagged", {"region": "eu-west-1", "defaultTags": {"tags": {
         **f.TAGS, "data-classification": "internal"}}})
-    s.add("aws:sqs/queue:Queue", "scratch", {"sqsManagedSseEnabled": True}, provider=provider)
+    s.add("aws:cloudwatch/logGroup:LogGroup", "scratch", {"kmsKeyId": f.KEY_ARN, "retentionInDays": 365},
+          provider=provider)
 
 
 def no_tags(name: str) -> Callable[[f.Stack], None]:
@@ -455,6 +456,17 @@ CASES = [
     Case("kms-asymmetric-no-rotation", "prod", edit("key", enableKeyRotation=False, customerMasterKeySpec="RSA_2048")),
     Case("sqs-unencrypted", "prod", pop("jobs", "kmsMasterKeyId"), ("aws-sqs-queue-encrypted",), on="jobs"),
     Case("sqs-managed-sse", "dev", both(pop("jobs", "kmsMasterKeyId"), edit("jobs", sqsManagedSseEnabled=True))),
+    Case("sqs-any-sender", "dev", drop("jobs-policy"), ("aws-sqs-job-queue-one-sender",), on="jobs"),
+    Case("sqs-tls-only-policy-lets-any-sender", "prod", edit("jobs-policy", policy=json.dumps(
+        {"Statement": f.one_sender_policy("prod")["Statement"][:1]})), ("aws-sqs-job-queue-one-sender",), on="jobs"),
+    Case("sqs-sender-wildcard-role", "prod", edit("jobs-policy", policy=json.dumps(f.one_sender_policy(
+        "prod", "ArnNotLike", "arn:aws:iam::123456789012:role/*"))), ("aws-sqs-job-queue-one-sender",), on="jobs"),
+    Case("sqs-sender-spared-by-like", "prod", edit("jobs-policy", policy=json.dumps(f.one_sender_policy(
+        "prod", "ArnNotLike")))),
+    Case("sqs-sender-policy-unknown", "prod", edit("jobs-policy", policy=f.UNKNOWN)),
+    Case("sqs-dead-letter-queue-needs-no-sender", "prod", both(
+        add("aws:sqs/queue:Queue", "jobs-dlq", {"kmsMasterKeyId": f.KEY_ARN, "tags": f.tags("personal", "prod")}),
+        depend("jobs", "redrivePolicy", "jobs-dlq"))),
     Case("logs-no-kms", "prod", pop("logs", "kmsKeyId"), ("aws-cloudwatch-loggroup-encrypted",), on="logs"),
     Case("logs-forever", "prod", pop("logs", "retentionInDays"), ("aws-cloudwatch-loggroup-retention",), on="logs",
          level="advisory"),

@@ -38,6 +38,7 @@ class Target:
     bucket: str
     queue_url: str | None = None
     dlq_url: str | None = None
+    team: str | None = None     # whose queues these are, where each team has its own
 
     def records(self) -> RecordStore:
         return RecordStore.of_bucket(self.bucket)
@@ -61,15 +62,29 @@ def stack_outputs(stack: str, project_dir, run=subprocess.run) -> dict:
     return outputs if isinstance(outputs, dict) else {}
 
 
-def target_of_outputs(stack: str, outputs: dict) -> Target:
+def team_queues(where: str, team: str | None, queues: dict, dead_letters: dict) -> tuple[str, str | None] | None:
+    """The queue and dead-letter queue of ``team`` (None: the stack's first queue, returned as None); UsageError
+    for a team the stack has no queue for."""
+    if team is None:
+        return None
+    if team not in (queues or {}):
+        known = ", ".join(queues or {}) or "none: this stack has one queue for all"
+        raise UsageError(f"--team: {where} has no queue for team {team!r}; its teams' queues: {known}")
+    return queues[team], (dead_letters or {}).get(team)
+
+
+def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Target:
     """The bucket (an S3 bucket name, the Azure checkpoints container URL, cos://<bucket> on Tencent), queue
-    and dead-letter queue of a stack's outputs."""
+    and dead-letter queue of a stack's outputs (``team``'s, where each team has its own)."""
     bucket = outputs.get("containerUrl") or outputs.get("bucket")
     if bucket and str(outputs.get("checkpointUriTemplate", "")).startswith("cos://"):
         bucket = f"cos://{bucket}"
     if not bucket or not outputs.get("queueUrl"):
         raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
                          f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
+    own = team_queues(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"))
+    if own:
+        return Target(bucket, *own, team)
     return Target(bucket, outputs["queueUrl"], outputs.get("dlqUrl") or outputs.get("poisonQueueUrl"))
 
 
@@ -78,7 +93,7 @@ def box_dir(environ=os.environ) -> Path:
     return Path(environ.get("GPUFLEET_BOX_DIR") or Path.home() / ".gpufleet" / "box")
 
 
-def box_target(environ=os.environ) -> Target:
+def box_target(environ=os.environ, team: str | None = None) -> Target:
     """The running box's bucket and queues (its state.json); its account (moto on loopback) becomes this
     process's AWS endpoint unless one is set."""
     path = box_dir(environ) / "state.json"
@@ -91,15 +106,21 @@ def box_target(environ=os.environ) -> Target:
                        ("AWS_ACCESS_KEY_ID", "box"), ("AWS_SECRET_ACCESS_KEY", "box"),
                        ("AWS_EC2_METADATA_DISABLED", "true")):
         environ.setdefault(key, value)
-    return Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
+    own = team_queues("the box", team, state.get("team_queues"), state.get("team_dead_letters"))
+    return Target(state["bucket"], *own, team) if own else Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
 
 
 def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str | None, dlq_url: str | None = None,
-            environ=os.environ) -> Target:
+            environ=os.environ, team: str | None = None) -> Target:
+    """Where a command's jobs are: a stack's (``team``: that team's queues, else the first team's), the box's,
+    or the flags and variables given."""
+    if team and not stack:
+        raise UsageError("--team: give --stack NAME too (a team's queue is one of the stack's outputs); with "
+                         "--queue-url, give that team's queue")
     if stack == BOX_STACK:
-        return box_target(environ)
+        return box_target(environ, team)
     if stack:
-        return target_of_outputs(stack, stack_outputs(stack, project_dir))
+        return target_of_outputs(stack, stack_outputs(stack, project_dir), team)
     bucket = bucket or environ.get(ENV["bucket"])
     if not bucket:
         raise UsageError(f"no jobs bucket: give --stack NAME, or --bucket (or {ENV['bucket']})")
@@ -206,6 +227,8 @@ def retry(target: Target, job_id: str) -> str:
     if rec.get("kind") == "sbatch":
         raise UsageError(f"retry: job {job_id} was submitted with sbatch on the controller, not through the queue; "
                          "submit its script again with sbatch")
+    if target.team and rec.get("team") and rec["team"] != target.team:  # its team's queue alone may take it
+        raise UsageError(f"retry: job {job_id} is team {rec['team']}'s; retry it with --team {rec['team']}")
     queue = open_queue(target.queue_url)
     dlq = open_queue(target.dlq_url) if target.dlq_url else queue.dead_letters()
     removed = remove_dead_letter(dlq, job_id) if dlq else 0

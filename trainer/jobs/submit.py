@@ -119,6 +119,8 @@ def parser() -> ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stack", metavar="NAME", help="read the queue and bucket from this stack's outputs "
                                                    "(`pulumi stack output`)")
+    p.add_argument("--team", metavar="NAME", help="with --stack: send to this team's queue, so the jobs run under "
+                                                  "its Slurm account (default: the stack's first team)")
     p.add_argument("--project-dir", default=".", metavar="DIR", help="where `pulumi stack output` runs")
     p.add_argument("--queue-url", help="the cluster's job queue URL (default GPUFLEET_QUEUE_URL)")
     p.add_argument("--bucket", help="the cluster's bucket (AWS: its name; Azure: the checkpoints container URL); "
@@ -155,8 +157,11 @@ def main(argv: list[str]) -> int:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
     if args.stack:
-        target = resolve(args.stack, args.project_dir, None, None)
+        target = resolve(args.stack, args.project_dir, None, None, team=args.team)
         args.queue_url, args.bucket = target.queue_url, target.bucket
+    elif args.team:
+        raise UsageError("--team: give --stack NAME too (a team's queue is one of the stack's outputs); with "
+                         "--queue-url, give that team's queue")
     args.queue_url = args.queue_url or os.environ.get("GPUFLEET_QUEUE_URL")
     args.bucket = args.bucket or os.environ.get("GPUFLEET_BUCKET")
     if not args.queue_url and not args.dry_run:

@@ -38,7 +38,7 @@ def job_role_policy(region: str = "eu-west-1") -> dict:
 
 def controller_policy() -> dict:
     return policies.controller_policy(
-        "eu-west-1", ACCOUNT, "dev", BUCKET, KEY, QUEUE, DLQ, LOGS, MUNGE, NODE_ROLE, TEMPLATES,
+        "eu-west-1", ACCOUNT, "dev", BUCKET, KEY, [QUEUE], [DLQ], LOGS, MUNGE, NODE_ROLE, TEMPLATES,
         subnet_arns=[f"{EC2}:subnet/subnet-1"], security_group_arns=[f"{EC2}:security-group/sg-1"],
         image_arns=["arn:aws:ec2:eu-west-1::image/ami-1"], placement_group_arns=[f"{EC2}:placement-group/pg"],
         metric_namespace="gpufleet/dev", vpc_id=VPC)
@@ -137,9 +137,10 @@ def test_controller_keeps_the_munge_key_and_consumes_the_queue():
     doc = controller_policy()
     (munge,) = [st for st in doc["Statement"] if MUNGE in _list(st["Resource"])]
     assert sorted(munge["Action"]) == ["secretsmanager:GetSecretValue", "secretsmanager:PutSecretValue"]
-    on_queue = {a for st in doc["Statement"] if st["Resource"] == QUEUE for a in st["Action"]}
+    on_queue = {a for st in doc["Statement"] if QUEUE in _list(st["Resource"]) for a in st["Action"]}
     assert {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"} <= on_queue
-    on_dlq = {a for st in doc["Statement"] if st["Resource"] == DLQ for a in st["Action"]}
+    assert "sqs:SendMessage" not in on_queue  # only a team's submit role sends to its queue
+    on_dlq = {a for st in doc["Statement"] if DLQ in _list(st["Resource"]) for a in st["Action"]}
     assert on_dlq == {"sqs:GetQueueUrl", "sqs:SendMessage"}  # it puts jobs there; it never reads them
 
 

@@ -392,15 +392,42 @@ def test_no_forwarder_without_chat_recipients(built):
 def test_queues_encrypted_redriven_tls_only(built):
     key_arn = built.outputs["kmsKey"]
     queues = {r.state["url"]: r for r in built.of_type(T["queue"])}
-    main, dlq = queues[built.outputs["queueUrl"]], queues[built.outputs["dlqUrl"]]
-    assert main.inputs["kmsMasterKeyId"] == dlq.inputs["kmsMasterKeyId"] == key_arn
-    redrive = json.loads(main.inputs["redrivePolicy"])
-    assert redrive["deadLetterTargetArn"] == dlq.state["arn"] and redrive["maxReceiveCount"] >= 1
+    teams = [t.name for t in built.cfg.teams]
+    assert list(built.outputs["teamQueues"]) == teams and len(queues) == 2 * len(teams)
+    assert built.outputs["teamQueues"][teams[0]] == built.outputs["queueUrl"]  # the first team's: the stack's queue
     policies = {r.inputs["queueUrl"]: json.loads(r.inputs["policy"]) for r in built.of_type("aws:sqs/queuePolicy:QueuePolicy")}
-    for q in (main, dlq):
-        (st,) = policies[q.state["url"]]["Statement"]
-        assert st["Effect"] == "Deny" and st["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-        assert st["Resource"] == [q.state["arn"]]
+    for team in teams:
+        main, dlq = queues[built.outputs["teamQueues"][team]], queues[built.outputs["teamDeadLetterQueues"][team]]
+        assert main.inputs["kmsMasterKeyId"] == dlq.inputs["kmsMasterKeyId"] == key_arn
+        redrive = json.loads(main.inputs["redrivePolicy"])
+        assert redrive["deadLetterTargetArn"] == dlq.state["arn"] and redrive["maxReceiveCount"] >= 1
+        for q in (main, dlq):
+            tls = policies[q.state["url"]]["Statement"][0]
+            assert tls["Effect"] == "Deny" and tls["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+            assert tls["Resource"] == [q.state["arn"]]
+        # the queue takes messages from the team's submit role alone: its team is who sent it
+        assert policies[main.state["url"]]["Statement"][1:] == [
+            {"Sid": "OnlyTheTeamSends", "Effect": "Deny", "Principal": "*", "Action": "sqs:SendMessage",
+             "Resource": main.state["arn"],
+             "Condition": {"ArnNotEquals": {"aws:PrincipalArn": built.outputs["submitRoles"][team]}}}]
+        assert len(policies[dlq.state["url"]]["Statement"]) == 1
+
+
+def test_each_teams_submit_role_reaches_its_own_queues_only(built):
+    queues = {r.state["url"]: r.state["arn"] for r in built.of_type(T["queue"])}
+    account = built.outputs["kmsKey"].split(":")[4]
+    for team, url in built.outputs["teamQueues"].items():
+        role = built.one(T["role"], f"-submit-{team}")
+        assert json.loads(role.inputs["assumeRolePolicy"])["Statement"] == [
+            {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{account}:root"}, "Action": "sts:AssumeRole"}]
+        doc = json.loads(built.one(T["role_policy"], f"-submit-{team}-policy").inputs["policy"])
+        sqs = {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str)
+                                                     else st["Resource"]) if ":sqs:" in r}
+        assert sqs == {queues[url], queues[built.outputs["teamDeadLetterQueues"][team]]}
+        sends = [st for st in doc["Statement"] if "sqs:SendMessage" in st["Action"]]
+        assert [st["Resource"] for st in sends] == [queues[url]]
+        assert not any(a.startswith(("ec2:", "iam:", "ssm:", "secretsmanager:")) for st in doc["Statement"]
+                       for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))
 
 
 # --- identity -----------------------------------------------------------------------------------
@@ -689,11 +716,15 @@ def test_monitoring(built):
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
                for s in topic_doc["Statement"])
     alarms = {a.name.removeprefix(f"gpufleet-{stack}-"): a.inputs for a in built.of_type(T["alarm"])}
-    assert set(alarms) == {"dead-letters", "old-jobs", "resume-failures", "controller-down", "idle-gpus"}
+    teams = [t.name for t in built.cfg.teams]  # one dead-letter alarm per team, the first team's named as before
+    per_team = {team: "dead-letters" if i == 0 else f"dead-letters-{team}" for i, team in enumerate(teams)}
+    assert set(alarms) == {*per_team.values(), "old-jobs", "resume-failures", "controller-down", "idle-gpus"}
     queues = {q.state["url"]: q.state["name"] for q in built.of_type(T["queue"])}
-    dlq = alarms["dead-letters"]
-    assert dlq["dimensions"] == {"QueueName": queues[o["dlqUrl"]]} and dlq["threshold"] == 0
-    assert dlq["comparisonOperator"] == "GreaterThanThreshold"
+    for team, name in per_team.items():
+        dlq = alarms[name]
+        assert dlq["dimensions"] == {"QueueName": queues[o["teamDeadLetterQueues"][team]]} and dlq["threshold"] == 0
+        assert dlq["comparisonOperator"] == "GreaterThanThreshold"
+    assert queues[o["dlqUrl"]] == alarms["dead-letters"]["dimensions"]["QueueName"]
     # jobs pending for over an hour and nodes that failed to power up: the bridge's gauges, from Slurm's state
     for name, metric in (("old-jobs", "JobsPendingOverAnHour"), ("resume-failures", "NodesFailedToResume")):
         a = alarms[name]
@@ -742,7 +773,8 @@ def test_each_resource_belongs_to_one_concern(built):
     concerns = {"Network", "FlowLogs", "DnsFirewall", "Storage", "Queue", "Identity", "Partition", "Controller",
                 "SharedFs", "Monitoring", "Registry"}
     components = [r for r in built.resources if not r.custom]
-    assert sorted(r.type for r in components) == sorted(f"gpufleet:aws:{c}" for c in concerns)
+    one_each = sorted(f"gpufleet:aws:{c}" for c in concerns)  # and a Queue per team
+    assert sorted(r.type for r in components) == sorted(one_each + ["gpufleet:aws:Queue"] * (len(built.cfg.teams) - 1))
     for r in built.resources:
         if r.custom:
             parent = r.urn.split("::")[2].split("$")[0]

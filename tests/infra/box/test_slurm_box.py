@@ -164,6 +164,35 @@ def test_each_team_is_an_account_with_its_fair_share_and_its_gpu_limit(box):
              120, "the teams' jobs gone")
 
 
+def test_a_job_runs_under_the_team_of_its_queue_and_another_teams_queue_cannot_take_it_over(box):
+    """Each team of Pulumi.dev.yaml has its queue (in AWS only its submit role may send to it: tests/infra/aws): a
+    job sent through nlp's runs under Slurm account nlp whatever its body says; vision's queue naming nlp's job
+    (to run its own code on nlp's checkpoints) is dead-lettered at once and nlp's record is left as it was."""
+    import boto3
+
+    sqs = boto3.client("sqs", endpoint_url=box.state["endpoint"], region_name=box.state["region"],
+                       aws_access_key_id="box", aws_secret_access_key="box")
+    assert set(box.state["team_queues"]) == {"vision", "nlp"}
+    spec = {"spec": 1, "job_id": "nlp-owned", "kind": "trainer", "args": [*TINY, "--steps", "2"]}
+    sqs.send_message(QueueUrl=box.state["team_queues"]["nlp"], MessageBody=json.dumps(spec))
+    rec = box.wait_state("nlp-owned", "succeeded", "failed")
+    assert (rec["state"], rec["team"]) == ("succeeded", "nlp"), rec
+    accounts = box.slurm("sacct", "-X", "-n", "-P", "-o", "Account", "-j", rec["slurm"]["id"]).split()
+    assert accounts == ["nlp"]
+    hostile = {**spec, "args": [*TINY, "--steps", "3"]}
+    sqs.send_message(QueueUrl=box.state["team_queues"]["vision"], MessageBody=json.dumps(hostile))
+    dead = box.state["team_dead_letters"]["vision"]
+    got = wait_for(lambda: sqs.receive_message(QueueUrl=dead, WaitTimeSeconds=1,
+                                               MessageAttributeNames=["All"]).get("Messages"), 60, "the dead letter")
+    assert json.loads(got[0]["Body"])["args"][-1] == "3"
+    assert got[0]["MessageAttributes"]["gpufleet-reason"]["StringValue"] == (
+        "invalid job: job nlp-owned is team nlp's; a message through team vision's queue cannot submit it (pick "
+        "another job id)")
+    after = box.record("nlp-owned")
+    assert (after["state"], after["team"], after["spec"], after["slurm"], len(after["attempts"])) == (
+        "succeeded", "nlp", rec["spec"], rec["slurm"], 1)
+
+
 HOSTILE_CREDENTIALS = """import json, os, urllib.error, urllib.request
 import boto3
 out = {"static": [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if k in os.environ]}
