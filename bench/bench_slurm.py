@@ -15,6 +15,12 @@ moto) in a temporary directory. Every job goes in as `gpufleet jobs submit` send
   the box's KillWait, 30 s, + 5 s).
 - slurm_jobs_list_s: `gpufleet jobs list`'s read of 1,000 records that name their Slurm jobs, as the bridge writes
   them, through the records' index (target <= 2 s).
+- slurm_power_program_import_s: the start-up of Slurm's power-saving programs (`python -m trainer nodes resume|suspend
+  HOSTLIST`, run for every power-up and power-down): a fresh interpreter importing what the command imports before
+  it asks the cloud (the entry point, trainer.slurm.nodes and the cloud's node provider), median of STARTS runs, for
+  the slowest of the three clouds; no torch among them (tests/trainer/slurm/test_power_saving_imports.py). It was
+  about 2 s, torch's import, while the clouds' stop-notice watchers imported it (target <= 0.5 s).
+- slurm_power_program_import_ratio: the same over a bare interpreter's start (`python -c pass`), information.
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ if str(ROOT) not in sys.path:
 
 ROUNDS = 3
 JOBS = 1000
+STARTS = 11
+CLOUDS = ("aws", "azure", "tencent")
 TINY = ("--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "--num-workers", "0",
         "--checkpoint-every", "0", "--steps", "2")
 
@@ -66,6 +74,28 @@ def _submit_to_running(rs, queue, env: dict, job) -> float:
     return time.perf_counter() - started
 
 
+def _start_s(code: str) -> float:
+    """Median wall time of STARTS fresh interpreters running ``code``."""
+    times = []
+    for _ in range(STARTS):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def power_program_start() -> dict[str, dict]:
+    """The power-saving programs' start-up, slowest cloud (see the module docstring)."""
+    bare = _start_s("pass")
+    slowest = max(_start_s(f"import trainer.__main__, trainer.slurm.nodes, trainer.clouds.{cloud}_nodes")
+                  for cloud in CLOUDS)
+    return {
+        "slurm_power_program_import_s": {"value": slowest, "unit": "s", "target": "<= 0.5 (was about 2: torch)"},
+        "slurm_power_program_import_ratio": {"value": slowest / bare, "unit": "x",
+                                             "target": "info (over `python -c pass`)"},
+    }
+
+
 def run() -> dict[str, dict]:
     from trainer.clouds.aws import SqsJobQueue
     from trainer.jobs import records
@@ -73,6 +103,7 @@ def run() -> dict[str, dict]:
     from trainer.jobs.records import new_record
     from trainer.jobs.spec import Job
 
+    starts = power_program_start()  # before the box: its daemons would share the cores
     work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-slurm-"))
     up = subprocess.run([sys.executable, "-m", "infra.cli", "box", "up", "--dir", str(work / "box")], cwd=ROOT,
                         capture_output=True, text=True, timeout=240)
@@ -142,4 +173,5 @@ def run() -> dict[str, dict]:
         "slurm_requeue_to_running_s": {"value": statistics.median(requeues), "unit": "s", "target": "<= 20"},
         "slurm_cancel_to_cancelled_s": {"value": statistics.median(cancels), "unit": "s", "target": "<= 35"},
         "slurm_jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
+        **starts,
     }

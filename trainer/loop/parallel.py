@@ -1,5 +1,6 @@
 """How the model is spread over the ranks: DDP (a whole replica per rank) or FSDP2 (`fully_shard`), plus the
-per-unit wrappers both share: activation checkpointing and torch.compile.
+per-unit wrappers both share: activation checkpointing and torch.compile; and the collectives the loop runs over
+the ranks (the per-step stop agreement, a flag or bytes from every rank).
 
 Units are the modules sharded (and compiled, and recomputed) one by one. A model names them with a
 `shard_units()` method or a `shard_units` attribute (an iterable of submodules); by default they are the
@@ -25,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.errors import UsageError
 from trainer.loop.config import TrainConfig
+from trainer.loop.stop import StopNotice
 
 log = logging.getLogger("trainer")
 
@@ -154,3 +156,16 @@ def broadcast_flag(flag: bool, ranks: Ranks) -> bool:
     box = torch.tensor([1 if flag else 0], device=ranks.device)
     dist.broadcast(box, src=0)
     return bool(box.item())
+
+
+def agree(loss: torch.Tensor, notice: StopNotice) -> torch.Tensor:
+    """One collective per optimizer step: returns [loss summed over ranks, number of ranks asked to stop].
+
+    The all-reduce is queued, not waited for: the caller reads the result a step later, so the
+    device never idles for it. All ranks read the same numbers and so stop after the same step.
+    """
+    flag = loss.new_ones((), dtype=torch.float32) if notice.is_set() else loss.new_zeros((), dtype=torch.float32)
+    stats = torch.stack([loss.detach().float(), flag])  # made on the device: no host-to-device copy
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+    return stats

@@ -1,12 +1,11 @@
-"""Graceful stop: a thread-safe notice, signal handlers that set it, and the per-step agreement of all ranks."""
+"""Graceful stop: a thread-safe notice and the signal handlers that set it. No torch: the cloud modules' stop-notice
+watchers build on it, and Slurm's power-saving programs load those (the ranks' per-step agreement on stopping is
+trainer.loop.parallel.agree)."""
 from __future__ import annotations
 
 import signal
 import threading
 from typing import Callable
-
-import torch
-import torch.distributed as dist
 
 
 class StopNotice:
@@ -62,15 +61,3 @@ def ignore_stop_signals() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
 
-
-def agree(loss: torch.Tensor, notice: StopNotice) -> torch.Tensor:
-    """One collective per optimizer step: returns [loss summed over ranks, number of ranks asked to stop].
-
-    The all-reduce is queued, not waited for: the caller reads the result a step later, so the
-    device never idles for it. All ranks read the same numbers and so stop after the same step.
-    """
-    flag = loss.new_ones((), dtype=torch.float32) if notice.is_set() else loss.new_zeros((), dtype=torch.float32)
-    stats = torch.stack([loss.detach().float(), flag])  # made on the device: no host-to-device copy
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
-    return stats

@@ -32,8 +32,8 @@ from trainer.loop.manager import CheckpointManager, TrainState
 from trainer.loop.metrics import StepLog, StepResult
 from trainer.loop.notices import start_watchers
 from trainer.loop.optim import build_optimizer, build_schedule
-from trainer.loop.parallel import Ranks, setup_ranks
-from trainer.loop.stop import StopNotice, agree, ignore_stop_signals, install_signal_handlers
+from trainer.loop.parallel import Ranks, agree, setup_ranks
+from trainer.loop.stop import StopNotice, ignore_stop_signals, install_signal_handlers
 from trainer.node import node_schema
 
 log = logging.getLogger("trainer")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from trainer.clouds import adapter, node_adapter
 from trainer.errors import ArgumentParser, UsageError
+from trainer.loop.stop import StopNotice
 from trainer.node import metric_names
 from trainer.node.preflight import HostProbe, check
 from trainer.periodic import Periodic
@@ -188,8 +189,6 @@ def watch(name: str, config: dict, poll_s: float = 2.0) -> int:
     """The node's health check when it starts and every ``health_every_s`` (config, default HEALTH_EVERY_S; 0:
     never), and, until a stop notice comes: then drain this node, requeue its jobs, power it down when they are
     gone."""
-    from trainer.loop.stop import StopNotice  # lazy: torch, only for watch
-
     notice = StopNotice()
     watcher = adapter(config.get("cloud", "aws")).start_watcher(notice, {}, interval_s=poll_s)
     stop = {"asked": False}
