@@ -37,7 +37,8 @@ SUSPEND_TIME_S = 60        # idle nodes power down after a minute
 CRED_EXPIRE_S = 10         # a requeued job waits this long (Slurm's default 120 s)
 KILL_WAIT_S = 30
 SLURMD_TIMEOUT_S = 20      # a node silent this long is DOWN and its jobs requeued
-REPO_AMI = Path(__file__).resolve().parents[2] / "ami"  # the images' files the box runs as they are
+REPO = Path(__file__).resolve().parents[2]  # the checkout this box runs
+REPO_AMI = REPO / "ami"  # the images' files the box runs as they are
 MIN_JOB_AGE_S = 60         # an ended job leaves squeue after this (the bridge then reads accounting)
 
 
@@ -185,10 +186,13 @@ def box_user() -> str:
 
 
 def program_script(python: str, action: str, nodes_config: Path, slurm_conf: Path, log: Path) -> str:
-    """A power saving program: slurmctld runs it with a hostlist and no PATH."""
+    """A power saving program: slurmctld runs it with a hostlist and an environment of its own (no PATH, no
+    PYTHONPATH), so it names the checkout the box runs: the one a python's editable install points at may be
+    another."""
     return ("#!/bin/sh\n"
             f"# slurmctld's {action} program for the box\n"
-            f"SLURM_CONF={shlex.quote(str(slurm_conf))} exec {shlex.quote(python)} -m trainer nodes {action} \"$1\" "
+            f"PYTHONPATH={shlex.quote(str(REPO))} SLURM_CONF={shlex.quote(str(slurm_conf))} "
+            f"exec {shlex.quote(python)} -m trainer nodes {action} \"$1\" "
             f"--config {shlex.quote(str(nodes_config))} >>{shlex.quote(str(log))} 2>&1\n")
 
 

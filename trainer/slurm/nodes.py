@@ -110,6 +110,24 @@ def stop_pid(pid: int | None, wait_s: float = STOP_WAIT_S) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def after_the_resume_second(clock=time.time, sleep=time.sleep) -> None:
+    """Return once the wall clock is past the whole second it reads now: the box starts a node's ``slurmd -b`` only
+    then.
+
+    slurmctld stamps a resume request with its whole second (boot_req_time) and ignores a node's registration while
+    the boot time it derives from it is earlier (Slurm 22.05, waiting_for_node_boot in src/slurmctld/node_mgr.c): its
+    own whole second minus the uptime slurmd reports. With -b that uptime is the difference of two readings of the
+    host's uptime, whole seconds that do not tick with the wall clock's: read just before a tick and registered just
+    after it, still in the request's second, slurmd reports 1 s and seems to have booted before the request.
+    slurmctld drops that only registration and pings no node that is powering up, so it never learns the node's
+    address (cloud_reg_addrs set it back to the node's name, which does not resolve): the job waits out ResumeTimeout
+    and is requeued. A slurmd that first reads the uptime in a later second than the request's cannot seem to have
+    booted before it."""
+    start = int(clock()) + 1
+    while (now := clock()) < start:
+        sleep(start - now)
+
+
 class LocalProvider(NodeProvider):
     """Nodes as slurmd processes on this host (several ``slurmd -N``), each with its notice watcher.
 
@@ -135,9 +153,11 @@ class LocalProvider(NodeProvider):
 
     def resume(self, names: list[str]) -> None:
         for name in names:
-            node = self.config["nodes"].get(name)
-            if node is None:
+            if name not in self.config["nodes"]:
                 raise UsageError(f"nodes: {name} is not a node of this box")
+        after_the_resume_second()
+        for name in names:
+            node = self.config["nodes"][name]
             Path(self.config["spool_dir"], name).mkdir(parents=True, exist_ok=True)
             Path(node["notice_file"]).unlink(missing_ok=True)  # a fresh machine: no notice
             # -b: report a boot now, as a machine that just started would (all slurmd here share the host's boot)

@@ -43,3 +43,20 @@ def test_each_node_hands_its_tasks_its_own_credentials_endpoint_and_token(tmp_pa
     assert subprocess.run(["sh", str(program)], env=stranger, capture_output=True, text=True).stdout == ""
     for action in ("prolog", "epilog"):
         assert '--dir "$directory"' in scripts[action] and "gpu-2) directory=" in scripts[action]
+
+
+
+def test_a_power_saving_program_runs_the_checkout_of_the_box_in_slurmctlds_empty_environment(tmp_path):
+    """slurmctld runs the programs with an environment of its own (no PYTHONPATH): the trainer they import is the
+    box's checkout (a worktree's, say), not the one the python's editable install points at."""
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"  # a stand-in: the path `-m trainer` would import from, and its arguments
+    python.write_text(f'#!/bin/sh\necho "$PYTHONPATH" "$@" >{seen}\n')
+    python.chmod(0o755)
+    program = tmp_path / "resume"
+    program.write_text(lay.program_script(str(python), "resume", tmp_path / "nodes.json", tmp_path / "slurm.conf",
+                                          tmp_path / "power.log"))
+    program.chmod(0o755)
+    subprocess.run([str(program), "gpu-[1-2]"], env={}, cwd=tmp_path, check=True)
+    assert seen.read_text() == f"{lay.REPO} -m trainer nodes resume gpu-[1-2] --config {tmp_path / 'nodes.json'}\n"
+    assert (lay.REPO / "trainer" / "__init__.py").is_file()
