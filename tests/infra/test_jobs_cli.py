@@ -260,7 +260,7 @@ def test_a_teams_queues_from_the_outputs_and_a_team_without_one_is_one_line():
     outputs = {"bucket": "b", "queueUrl": "qv", "dlqUrl": "dv", "teamQueues": {"vision": "qv", "nlp": "qn"},
                "teamDeadLetterQueues": {"vision": "dv", "nlp": "dn"}}
     assert target_of_outputs("dev", outputs, "nlp") == Target("b", "qn", "dn", "nlp")
-    assert target_of_outputs("dev", outputs) == Target("b", "qv", "dv")  # the first team's: the stack's queue
+    assert target_of_outputs("dev", outputs) == Target("b", "qv", "dv", "vision")  # the stack's queue: its team's
     with pytest.raises(UsageError, match=r"^--team: stack dev has no queue for team 'speech'; its teams' queues: "
                                          r"vision, nlp$"):
         target_of_outputs("dev", outputs, "speech")
@@ -272,7 +272,7 @@ def test_a_teams_queues_from_the_outputs_and_a_team_without_one_is_one_line():
 
 def test_retry_through_another_teams_queue_is_refused_before_anything_is_sent(moto_endpoint):
     from trainer.errors import UsageError
-    from trainer.jobs.commands import Target, retry
+    from trainer.jobs.commands import Target, cancel, retry
     from trainer.jobs.records import RecordStore, new_record
 
     boto3.client("s3").create_bucket(Bucket="rt-teams", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
@@ -285,3 +285,11 @@ def test_retry_through_another_teams_queue_is_refused_before_anything_is_sent(mo
         retry(Target("rt-teams", queue, None, "vision"), "nlp-1")
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=0)
     assert RecordStore.of_bucket("rt-teams").get("nlp-1")["state"] == "failed"
+    RecordStore.of_bucket("rt-teams").update("nlp-1", lambda r: {**r, "state": "queued"})
+    before = RecordStore.of_bucket("rt-teams").get("nlp-1")
+    with pytest.raises(UsageError, match=r"^cancel: job nlp-1 is team nlp's, not vision's; only its team cancels it "
+                                         r"\(--team nlp\)$"):
+        cancel(Target("rt-teams", queue, None, "vision"), "nlp-1")
+    assert RecordStore.of_bucket("rt-teams").get("nlp-1") == before
+    assert "cancel" in cancel(Target("rt-teams", queue, None, "nlp"), "nlp-1")
+    assert RecordStore.of_bucket("rt-teams").get("nlp-1")["state"] == "cancelled"

@@ -62,15 +62,18 @@ def stack_outputs(stack: str, project_dir, run=subprocess.run) -> dict:
     return outputs if isinstance(outputs, dict) else {}
 
 
-def team_queues(where: str, team: str | None, queues: dict, dead_letters: dict) -> tuple[str, str | None] | None:
-    """The queue and dead-letter queue of ``team`` (None: the stack's first queue, returned as None); UsageError
-    for a team the stack has no queue for."""
+def team_queues(where: str, team: str | None, queues: dict, dead_letters: dict,
+                first: str) -> tuple[str, str | None, str | None] | None:
+    """The queue, dead-letter queue and team of ``team`` (None: the team whose queue is ``first``, the stack's
+    first queue; None without team queues); UsageError for a team the stack has no queue for."""
     if team is None:
-        return None
+        team = next((t for t, url in (queues or {}).items() if url == first), None)
+        if team is None:
+            return None
     if team not in (queues or {}):
         known = ", ".join(queues or {}) or "none: this stack has one queue for all"
         raise UsageError(f"--team: {where} has no queue for team {team!r}; its teams' queues: {known}")
-    return queues[team], (dead_letters or {}).get(team)
+    return queues[team], (dead_letters or {}).get(team), team
 
 
 def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Target:
@@ -82,9 +85,10 @@ def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Tar
     if not bucket or not outputs.get("queueUrl"):
         raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
                          f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
-    own = team_queues(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"))
+    own = team_queues(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"),
+                      outputs["queueUrl"])
     if own:
-        return Target(bucket, *own, team)
+        return Target(bucket, *own)
     return Target(bucket, outputs["queueUrl"], outputs.get("dlqUrl") or outputs.get("poisonQueueUrl"))
 
 
@@ -106,8 +110,8 @@ def box_target(environ=os.environ, team: str | None = None) -> Target:
                        ("AWS_ACCESS_KEY_ID", "box"), ("AWS_SECRET_ACCESS_KEY", "box"),
                        ("AWS_EC2_METADATA_DISABLED", "true")):
         environ.setdefault(key, value)
-    own = team_queues("the box", team, state.get("team_queues"), state.get("team_dead_letters"))
-    return Target(state["bucket"], *own, team) if own else Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
+    own = team_queues("the box", team, state.get("team_queues"), state.get("team_dead_letters"), state["queue_url"])
+    return Target(state["bucket"], *own) if own else Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
 
 
 def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str | None, dlq_url: str | None = None,
@@ -209,6 +213,9 @@ def cancel(target: Target, job_id: str) -> str:
 
     def fn(rec: dict) -> dict:
         nonlocal told
+        if target.team and rec.get("team", target.team) != target.team:
+            raise UsageError(f"cancel: job {job_id} is team {rec['team']}'s, not {target.team}'s; only its team "
+                             f"cancels it (--team {rec['team']})")
         new, told = records.cancel(rec, time.time())
         return new
 

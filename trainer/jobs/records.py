@@ -271,7 +271,8 @@ class RecordStore:
                                  "(or `gpufleet jobs cancel` it first)")
             if not again:
                 raise UsageError(reused(spec["job_id"], rec["state"]))
-            return {**placeholder, "attempts": rec["attempts"]}
+            # its attempts, and its team: the bridge submits the job only through that team's queue
+            return {**placeholder, "attempts": rec["attempts"], **{k: rec[k] for k in ("team",) if k in rec}}
 
         return self.update(spec["job_id"], fresh, missing=lambda: placeholder)
 

@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(own)
     if args.stack:
         target = resolve(args.stack, args.project_dir, None, None, team=args.team)
-        args.queue_url, args.bucket = target.queue_url, target.bucket
+        args.queue_url, args.bucket, args.team = target.queue_url, target.bucket, target.team
     elif args.team:
         raise UsageError("--team: give --stack NAME too (a team's queue is one of the stack's outputs); with "
                          "--queue-url, give that team's queue")
@@ -203,9 +203,12 @@ def main(argv: list[str]) -> int:
         book = RecordStore.of_bucket(args.bucket)
         for job in jobs:  # refuse a taken id before anything is uploaded or sent
             try:
-                state = book.get(job.job_id)["state"]
+                rec = book.get(job.job_id)
             except UnknownJob:
                 continue
+            state, owner = rec["state"], rec.get("team")
+            if args.team and owner and owner != args.team:  # its team's queue alone may take it (the bridge)
+                raise UsageError(f"--job-id: job {job.job_id} is team {owner}'s; choose another id")
             if state not in TERMINAL:
                 raise UsageError(f"--job-id: job {job.job_id} exists and is {state}; choose another id (or "
                                  "`gpufleet jobs cancel` it first)")

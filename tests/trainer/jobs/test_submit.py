@@ -149,6 +149,32 @@ def test_a_finished_jobs_id_is_refused_unless_a_new_attempt_is_asked_for(queue):
     assert [m["args"] for m in received(sqs, url)] == [["--steps", "9"]]
 
 
+def test_another_teams_job_id_is_refused_before_anything_is_written_or_sent(queue, tmp_path, monkeypatch):
+    # issue 23, finding 6: team B's submit of an id team A used wiped A's record (and, with --again, its team, so
+    # B's message would have been taken as the job's): the box's two teams, their queues in moto
+    from trainer.jobs.records import RecordStore, claim, end
+
+    sqs, vision = queue
+    nlp = sqs.create_queue(QueueName="jobs-nlp")["QueueUrl"]
+    (tmp_path / "state.json").write_text(json.dumps({
+        "endpoint": "http://127.0.0.1:1", "region": "eu-west-1", "bucket": "ckpt", "queue_url": vision,
+        "team_queues": {"nlp": nlp, "vision": vision}}))  # moto's endpoint, set by the fixture, stays
+    monkeypatch.setenv("GPUFLEET_BOX_DIR", str(tmp_path))
+    argv = ["--stack", "box", "--job-id", "shared", "--", "--steps", "5"]
+    assert submit(*argv).returncode == 0  # no --team: the stack's first queue, vision's
+    book = RecordStore.of_bucket("ckpt")
+    book.update("shared", lambda r: {**end(claim(r, {"node": "n1", "gpus": 1}, 1.0), "succeeded", 0, None, 2.0),
+                                     "team": "vision"})  # as the bridge keeps it
+    before = book.get("shared")
+    refused = submit("--team", "nlp", "--again", *argv)
+    assert (refused.returncode, refused.stderr.splitlines()[-1:]) == (
+        2, ["error: --job-id: job shared is team vision's; choose another id"])
+    assert book.get("shared") == before and received(sqs, nlp) == [] and len(received(sqs, vision)) == 1
+    again = submit("--again", *argv[:-1], "9")  # vision's new attempt keeps the job vision's
+    assert again.returncode == 0, again.stderr
+    assert book.get("shared")["team"] == "vision" and [m["args"] for m in received(sqs, vision)] == [["--steps", "9"]]
+
+
 def test_image_job_is_sent_as_spec_1(queue):
     sqs, url = queue
     proc = submit("--queue-url", url, "--image", "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/train:1.4",
