@@ -63,7 +63,6 @@ HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays h
 
 @dataclass
 class _Gathering:
-    team: str | None
     count: int
     first_seen: float
     members: dict[int, tuple[Message, Job]] = field(default_factory=dict)
@@ -177,7 +176,7 @@ class Bridge:
             return
         if job.array:
             nonce = (team, job.array["nonce"])  # a sweep is one team's: another's message cannot join it
-            g = self.gathering.setdefault(nonce, _Gathering(team, job.array["count"], self.clock()))
+            g = self.gathering.setdefault(nonce, _Gathering(job.array["count"], self.clock()))
             g.members[job.array["index"]] = (msg, job)
             queue.extend(msg, HOLD_VISIBILITY_S)
             if len(g.members) == g.count:
