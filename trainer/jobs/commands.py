@@ -62,7 +62,7 @@ def stack_outputs(stack: str, project_dir, run=subprocess.run) -> dict:
     return outputs if isinstance(outputs, dict) else {}
 
 
-def team_queues(where: str, team: str | None, queues: dict, dead_letters: dict,
+def team_inlet(where: str, team: str | None, queues: dict, dead_letters: dict,
                 first: str) -> tuple[str, str | None, str | None] | None:
     """The queue, dead-letter queue and team of ``team`` (None: the team whose queue is ``first``, the stack's
     first queue; None without team queues); UsageError for a team the stack has no queue for."""
@@ -85,7 +85,7 @@ def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Tar
     if not bucket or not outputs.get("queueUrl"):
         raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
                          f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
-    own = team_queues(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"),
+    own = team_inlet(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"),
                       outputs["queueUrl"])
     if own:
         return Target(bucket, *own)
@@ -110,7 +110,7 @@ def box_target(environ=os.environ, team: str | None = None) -> Target:
                        ("AWS_ACCESS_KEY_ID", "box"), ("AWS_SECRET_ACCESS_KEY", "box"),
                        ("AWS_EC2_METADATA_DISABLED", "true")):
         environ.setdefault(key, value)
-    own = team_queues("the box", team, state.get("team_queues"), state.get("team_dead_letters"), state["queue_url"])
+    own = team_inlet("the box", team, state.get("team_queues"), state.get("team_dead_letters"), state["queue_url"])
     return Target(state["bucket"], *own) if own else Target(state["bucket"], state["queue_url"], state.get("dlq_url"))
 
 

@@ -156,12 +156,9 @@ def parser() -> ArgumentParser:
 def main(argv: list[str]) -> int:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
-    if args.stack:
+    if args.stack or args.team:  # a team without a stack: resolve says so in one line
         target = resolve(args.stack, args.project_dir, None, None, team=args.team)
         args.queue_url, args.bucket, args.team = target.queue_url, target.bucket, target.team
-    elif args.team:
-        raise UsageError("--team: give --stack NAME too (a team's queue is one of the stack's outputs); with "
-                         "--queue-url, give that team's queue")
     args.queue_url = args.queue_url or os.environ.get("GPUFLEET_QUEUE_URL")
     args.bucket = args.bucket or os.environ.get("GPUFLEET_BUCKET")
     if not args.queue_url and not args.dry_run:
