@@ -71,7 +71,7 @@ def list_figures() -> dict[str, dict]:
     with moto_aws():
         boto3.client("s3").create_bucket(Bucket="bench-jobs",
                                          CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-        rs = RecordStore.of_bucket("bench-jobs")
+        rs = RecordStore.of_bucket("bench-jobs", None)
 
         def submitted(i: int) -> None:  # a third of them running, as the bridge records a job Slurm started
             job_id = f"sweep.lr-{i:04d}"
@@ -85,7 +85,7 @@ def list_figures() -> dict[str, dict]:
         listed, scanned = [], []
         for _ in range(ROUNDS):
             started = time.perf_counter()
-            assert len(RecordStore.of_bucket("bench-jobs").all()) == JOBS
+            assert len(RecordStore.of_bucket("bench-jobs", None).all()) == JOBS
             listed.append(time.perf_counter() - started)
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "infra.cli", "jobs", "list", "--bucket", "bench-jobs",
@@ -93,7 +93,7 @@ def list_figures() -> dict[str, dict]:
         cli_s = time.perf_counter() - started
         assert proc.returncode == 0 and proc.stdout.count('"job_id"') == JOBS, proc.stderr[-500:]
         started = time.perf_counter()
-        assert len(RecordStore.of_bucket("bench-jobs").all(scan=True)) == JOBS
+        assert len(RecordStore.of_bucket("bench-jobs", None).all(scan=True)) == JOBS
         scanned.append(time.perf_counter() - started)
     return {
         "jobs_list_s": {"value": statistics.median(listed), "unit": "s", "target": f"<= 2 ({JOBS} records)"},
@@ -108,6 +108,7 @@ def run() -> dict[str, dict]:
     from bench.bench_trainer import moto_aws, patched_environ
     from tests.trainer.dockerd import EXAMPLE_IMAGE, host_python_flags, running_dockerd
     from trainer.jobs import bundle
+    from trainer.jobs.layout import team_base
     from trainer.jobs.spec import Job
     from trainer.node.platform import Platform
     from trainer.slurm.task import Task
@@ -122,17 +123,17 @@ def run() -> dict[str, dict]:
         for i in range(50):
             (big / f"part-{i:02d}.bin").write_bytes(os.urandom(MB))
         started = time.perf_counter()
-        uri, sent = bundle.upload(bundle.pack(big), "bench")
+        uri, sent = bundle.upload(bundle.pack(big), team_base("bench", None))
         upload_s = time.perf_counter() - started
         started = time.perf_counter()
-        again, sent_again = bundle.upload(bundle.pack(big), "bench")
+        again, sent_again = bundle.upload(bundle.pack(big), team_base("bench", None))
         resubmit_s = time.perf_counter() - started
         assert sent and not sent_again and again == uri
 
         small = work / "small"
         small.mkdir()
         (small / "main.py").write_text(FIRST_LINE + "\n")
-        code_uri, _ = bundle.upload(bundle.pack(small), "bench")
+        code_uri, _ = bundle.upload(bundle.pack(small), team_base("bench", None))
         image_job = Job("bench-image", "image", image=EXAMPLE_IMAGE, command=("python", "-c", FIRST_LINE))
         code_job = Job("bench-code", "code", code=code_uri, command=("python", "main.py"))
         container, code = [], []

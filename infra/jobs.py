@@ -144,8 +144,9 @@ SUBCOMMANDS = {  # name -> (run, help)
 
 def _where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", metavar="NAME", help="read the bucket and queues from this stack's outputs")
-    p.add_argument("--team", metavar="NAME", help="with --stack: that team's queues (`retry` sends to the queue of "
-                                                  "the job's team; default: the stack's first team)")
+    p.add_argument("--team", metavar="NAME", help="whose jobs (each team's are under teams/<team>/ in the bucket) "
+                                                  "and, with --stack, that team's queues (default: the stack's "
+                                                  "first team; without --stack GPUFLEET_TEAM, else team default)")
     p.add_argument("--project-dir", type=Path, default=PROJECT_DIR, help="where `pulumi stack output` runs")
     p.add_argument("--bucket", help="the stack's bucket (Azure: its checkpoints container URL); "
                                     "default GPUFLEET_BUCKET")

@@ -15,6 +15,8 @@ service the two roles call directly therefore has an endpoint in the stack's VPC
 """
 from __future__ import annotations
 
+from trainer.jobs.layout import TEAMS, team_prefix
+
 MIN_TLS_VERSION = "1.2"
 
 
@@ -139,28 +141,35 @@ def assume_role_account(account_id: str, region: str) -> dict:
                  "Action": "sts:AssumeRole"})
 
 
-# What a team's submit role writes in the bucket: records and cancels (trainer.jobs.records) and content-addressed
-# code bundles (trainer.jobs.bundle.PREFIX); it reads the records' index and the jobs' logs.
+# The bucket holds each team's things under its own prefix (trainer.jobs.layout): teams/<team>/jobs/<job_id>/
+# (record, checkpoints, log chunks), teams/<team>/jobs-index/ (the records' index), teams/<team>/code/
+# (content-addressed code bundles) and teams/<team>/data/ (the team's data sets).
+ANY_TEAM = f"{TEAMS}*/"  # every team's prefix, as an IAM resource pattern
+
+# What a team's submit role writes under its team's prefix: records and cancels (trainer.jobs.records) and
+# content-addressed code bundles (trainer.jobs.bundle.PREFIX); it reads the records' index and the jobs' logs.
 SUBMIT_WRITES = ("jobs/", "code/")
 SUBMIT_READS = ("jobs/", "jobs-index/", "code/")
 
 
-def submit_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, region: str) -> dict:
+def submit_policy(bucket_arn: str, key_arn: str, queue_arn: str, dlq_arn: str, region: str, team: str) -> dict:
     """A team's submit role (`gpufleet jobs`): send to the team's queue only (its queue's policy lets no one
-    else), take its own dead letters back (`jobs retry`), keep records and bundles. No other team's queue, no
-    node, no instance, no role to pass."""
+    else), take its own dead letters back (`jobs retry`), keep records and bundles under its team's prefix and
+    list only there. No other team's queue or objects, no node, no instance, no role to pass."""
+    own = f"{bucket_arn}/{team_prefix(team)}"
     return _doc(
         {"Sid": "SendToTeamQueue", "Effect": "Allow",
          "Action": ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"], "Resource": queue_arn},
         {"Sid": "TeamDeadLetters", "Effect": "Allow",
          "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl",
                     "sqs:GetQueueAttributes"], "Resource": dlq_arn},
-        {"Sid": "ListBucket", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
-         "Resource": bucket_arn},
+        {"Sid": "ListTeamPrefix", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn,
+         "Condition": {"StringLike": {"s3:prefix": f"{team_prefix(team)}*"}}},
+        {"Sid": "BucketLocation", "Effect": "Allow", "Action": "s3:GetBucketLocation", "Resource": bucket_arn},
         {"Sid": "ReadRecordsAndLogs", "Effect": "Allow", "Action": "s3:GetObject",
-         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in SUBMIT_READS]},
+         "Resource": [f"{own}{prefix}*" for prefix in SUBMIT_READS]},
         {"Sid": "WriteRecordsAndBundles", "Effect": "Allow", "Action": "s3:PutObject",
-         "Resource": [f"{bucket_arn}/{prefix}*" for prefix in SUBMIT_WRITES]},
+         "Resource": [f"{own}{prefix}*" for prefix in SUBMIT_WRITES]},
         {"Sid": "UseStackKeyThroughS3AndSqs", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
          "Resource": key_arn, "Condition": {"StringEquals": {"kms:ViaService": [
              f"{name}.{region}.{dns_suffix(region)}" for name in ("s3", "sqs")]}}},
@@ -233,12 +242,12 @@ def stay_on_instance() -> list[dict]:
             deny("CredentialsOnlyFromOwnAddress", "aws:ec2InstanceSourcePrivateIPv4", "${aws:VpcSourceIp}")]
 
 
-# Where a node writes in the bucket (trainer/): each job's record, checkpoints and log chunks under
-# jobs/<job_id>/ (trainer.jobs.records.record_key, trainer.slurm.task.default_checkpoint_uri,
-# trainer.jobs.logs.prefix) and the record index (trainer.jobs.records.INDEX_PREFIX). Everything else, code
-# bundles under code/ (content-addressed: trainer.jobs.bundle.PREFIX) and data, a node only reads.
-NODE_WRITES = ("jobs/", "jobs-index/")
-NODE_DELETES = ("jobs/",)   # checkpoint rotation; index shards are rewritten, never deleted
+# Where a node writes in the bucket (trainer/), for any team: each job's record, checkpoints and log chunks under
+# teams/<team>/jobs/<job_id>/ (trainer.jobs.records.record_key, trainer.jobs.layout.job_uri,
+# trainer.jobs.logs.prefix) and the team's record index (trainer.jobs.records.INDEX_PREFIX). Everything else,
+# code bundles under teams/<team>/code/ (content-addressed: trainer.jobs.bundle.PREFIX) and data, a node only reads.
+NODE_WRITES = (f"{ANY_TEAM}jobs/", f"{ANY_TEAM}jobs-index/")
+NODE_DELETES = (f"{ANY_TEAM}jobs/",)   # checkpoint rotation; index shards are rewritten, never deleted
 
 
 def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_arn: str, munge_secret_arn: str,
@@ -274,19 +283,21 @@ def node_policy(bucket_arn: str, key_arn: str, log_group_arn: str, parameters_ar
     )
 
 
-# What a job does in the bucket under its own prefix (jobs/<job_id>/: record, checkpoints, log chunks, rotation),
-# and the prefixes it only reads: content-addressed code bundles (trainer.jobs.bundle.PREFIX) and data sets.
+# What a job does in the bucket under its own prefix (teams/<team>/jobs/<job_id>/: record, checkpoints, log
+# chunks, rotation), and the prefixes it only reads: content-addressed code bundles (trainer.jobs.bundle.PREFIX)
+# and data sets. The role names any team's; a job's session policy narrows them to its job and its team's.
 JOB_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
                       "s3:ListMultipartUploadParts")
-JOB_PREFIX = "jobs/"
-JOB_READS = ("code/", "data/")
+JOB_PREFIX = f"{ANY_TEAM}jobs/"
+JOB_READS = (f"{ANY_TEAM}code/", f"{ANY_TEAM}data/")
 
 
 def job_role_policy(bucket_arn: str, key_arn: str, parameters_arn: str, vpc_id: str, region: str) -> dict:
     """The job role: the ceiling of every job's rights. The node's credentials daemon assumes it with a session
-    policy naming one job's `jobs/<id>/` (trainer.clouds.aws_credentials), and STS grants the intersection, so a
-    job reaches its own prefix only, never another job's; nothing of the node role (munge key, logs, tags) reaches
-    a job. No write to `jobs-index/`: a shard holds many jobs' entries, and the bridge keeps the index.
+    policy naming one job's `teams/<team>/jobs/<id>/` and its team's code and data (trainer.clouds.aws_credentials),
+    and STS grants the intersection, so a job reaches its own prefix only, never another job's or another team's;
+    nothing of the node role (munge key, logs, tags) reaches a job. No write to `teams/<team>/jobs-index/`: a shard
+    holds many jobs' entries, and the bridge keeps the index. It lists only under those prefixes.
 
     The stack key is used only through S3 and SSM (kms:ViaService): objects and SecureString secrets, no bare
     Decrypt. The Deny holds the credentials to the stack's VPC: a request that comes through one of its
@@ -300,8 +311,9 @@ def job_role_policy(bucket_arn: str, key_arn: str, parameters_arn: str, vpc_id: 
          "Resource": f"{bucket_arn}/{JOB_PREFIX}*"},
         {"Sid": "ReadCodeAndData", "Effect": "Allow", "Action": "s3:GetObject",
          "Resource": [f"{bucket_arn}/{prefix}*" for prefix in JOB_READS]},
-        {"Sid": "ListBucket", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
-         "Resource": bucket_arn},
+        {"Sid": "ListJobAndTeamPrefixes", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn,
+         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in (JOB_PREFIX, *JOB_READS)]}}},
+        {"Sid": "BucketLocation", "Effect": "Allow", "Action": "s3:GetBucketLocation", "Resource": bucket_arn},
         {"Sid": "UseStackKeyThroughS3AndSsm", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
          "Resource": key_arn, "Condition": {"StringEquals": {"kms:ViaService": services}}},
         {"Sid": "ReadJobSecrets", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": parameters_arn},

@@ -57,7 +57,7 @@ class JobQueue(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{p}-submit-{args.team}-policy", role=self.submit_role.name,
             policy=pulumi.Output.all(args.bucket_arn, args.key_arn, self.queue.arn, self.dlq.arn).apply(
-                lambda v: json.dumps(policies.submit_policy(*v, region=args.region))),
+                lambda v: json.dumps(policies.submit_policy(*v, region=args.region, team=args.team))),
             opts=child)
         aws.sqs.QueuePolicy(f"{q}-policy", queue_url=self.queue.url,
                             policy=pulumi.Output.all(self.queue.arn, self.submit_role.arn).apply(

@@ -230,6 +230,7 @@ def build_aws(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "dashboardUrl": monitoring.dashboard.dashboard_name.apply(lambda n: f"{console}#dashboards:name={n}"),
         "budget": monitoring.budget.name,
         "efaInterfacesPerNode": {p.name: efa.efa_count(efa.layout(p.primary, p.multi_node)) for p in cfg.partitions},
-        "checkpointUriTemplate": storage.bucket.bucket.apply(lambda b: f"s3://{b}/jobs/<job_id>/"),
+        "checkpointUriTemplate": storage.bucket.bucket.apply(lambda b: f"s3://{b}/teams/<team>/jobs/<job_id>/"),
+        "teams": [t.name for t in cfg.teams],
         "registry": images.repository_url,
     }

@@ -131,5 +131,6 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "sharedFileShares": {share: fs.name for share, fs in shared.shares.items()},
         "homeShare": shared.node_mounts.apply(lambda m: m[0]["source"]),
         "actionGroup": monitoring.action_group.id,
-        "checkpointUriTemplate": store.container_url.apply(lambda u: f"{u}/jobs/<job_id>/"),
+        "checkpointUriTemplate": store.container_url.apply(lambda u: f"{u}/teams/<team>/jobs/<job_id>/"),
+        "teams": [t.name for t in cfg.teams],
     }

@@ -28,6 +28,7 @@ from infra.demo import progress as pg
 from infra.demo import resources as rs
 from infra.preview.runner import one_line
 from trainer.clouds.s3store import S3Store
+from trainer.jobs.layout import team_prefix
 from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.slurm import client
 
@@ -228,8 +229,14 @@ class Box:
             raise DemoFailure(f"jobs submit: {(done.stderr or done.stdout).strip()}")
         return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("queued ")]
 
+    @property
+    def team(self) -> str | None:
+        """The team the demo's jobs are (`jobs submit --stack box` sends to the box's first queue, its team's)."""
+        return next((t for t, url in (self.state.get("team_queues") or {}).items() if url == self.state["queue_url"]),
+                    None)
+
     def records(self, jobs: list[str]) -> dict[str, dict]:
-        store = RecordStore(S3Store(self.state["bucket"], "", client=self.s3))
+        store = RecordStore(S3Store(self.state["bucket"], team_prefix(self.team), client=self.s3))
         out = {}
         for job in jobs:
             try:
@@ -239,12 +246,13 @@ class Box:
         return out
 
     def checkpoints(self, jobs: list[str]) -> dict[str, int | None]:
-        """The newest checkpoint step of each job in the bucket (its default prefix jobs/<job>/)."""
+        """The newest checkpoint step of each job in the bucket (its default prefix teams/<team>/jobs/<job>/)."""
         from trainer.loop.checkpoint import Checkpointer  # lazy: torch (~2 s) off gpufleet's start-up
 
         out = {}
         for job in jobs:
-            steps = Checkpointer(S3Store(self.state["bucket"], f"jobs/{job}/", client=self.s3), keep=1).steps()
+            steps = Checkpointer(S3Store(self.state["bucket"], f"{team_prefix(self.team)}jobs/{job}/", client=self.s3),
+                                 keep=1).steps()
             out[job] = steps[0] if steps else None
         return out
 

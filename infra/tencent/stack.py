@@ -152,5 +152,6 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "logTopic": monitoring.topic_id,
         "alertGroup": monitoring.group.name,
         "budget": monitoring.budget.budget_name,
-        "checkpointUriTemplate": storage.bucket_name.apply(lambda b: f"cos://{b}/jobs/<job_id>/"),
+        "checkpointUriTemplate": storage.bucket_name.apply(lambda b: f"cos://{b}/teams/<team>/jobs/<job_id>/"),
+        "teams": [t.name for t in cfg.teams],
     }

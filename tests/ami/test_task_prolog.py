@@ -155,7 +155,7 @@ def test_the_prologs_token_file_is_read_by_the_jobs_user_and_by_no_one_else():
         shutil.copy(PROLOG, script)
         script.chmod(0o755)
         credentials = work / "credentials"
-        token = jobcreds.write_grant(credentials, "4242", "job-1", 65534, 65534)
+        token = jobcreds.write_grant(credentials, "4242", "vision", "job-1", 65534, 65534)
         assert jobcreds.TOKEN.fullmatch(token)
         for uid, expected in ((65534, credential_lines(ENDPOINT, token)), (65533, [])):
             done = subprocess.run(

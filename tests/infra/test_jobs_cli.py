@@ -43,7 +43,7 @@ print(json.dumps(outputs[args[4]]))
 """)
     pulumi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return {"sqs": sqs, "queue": queue, "dlq": dlq, "records": RecordStore.of_bucket("ckpt")}
+    return {"sqs": sqs, "queue": queue, "dlq": dlq, "records": RecordStore.of_bucket("ckpt", None)}
 
 
 def gpufleet(*args, env=None, **kw) -> subprocess.CompletedProcess:
@@ -96,11 +96,12 @@ def test_submit_with_stack_writes_a_record_per_job_then_list_shows_them(cluster)
     status = gpufleet("jobs", "status", "--stack", "dev", "exp.lr-1e-3")
     assert status.returncode == 0, status.stderr
     assert status.stdout.splitlines()[0] == "job exp.lr-1e-3 (trainer): running"
-    assert "checkpoints: s3://ckpt/jobs/exp.lr-1e-3/" in status.stdout
+    assert "checkpoints: s3://ckpt/teams/default/jobs/exp.lr-1e-3/" in status.stdout
     assert "progress: step 3, total 5, loss 4.2" in status.stdout
     assert "attempt 1: i-0abc (g5.xlarge, 1 GPU(s)/node)" in status.stdout
     full = json.loads(gpufleet("jobs", "status", "--stack", "dev", "exp.lr-1e-3", "--format", "json").stdout)
-    assert full["spec"]["args"][-2:] == ["--lr", "1e-3"] and full["checkpoint_uri"] == "s3://ckpt/jobs/exp.lr-1e-3/"
+    assert full["spec"]["args"][-2:] == ["--lr", "1e-3"] and full["checkpoint_uri"] == \
+        "s3://ckpt/teams/default/jobs/exp.lr-1e-3/"
 
 
 def test_the_flags_and_the_environment_name_the_bucket_too(cluster):
@@ -200,10 +201,10 @@ def test_retry_of_a_dead_lettered_job_no_agent_marked(cluster):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["jobs", "status", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/ "
+    (["jobs", "status", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/teams/default/ "
                                                    "(`gpufleet jobs list` lists them)"),
-    (["jobs", "cancel", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/"),
-    (["jobs", "logs", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/ "
+    (["jobs", "cancel", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/teams/default/"),
+    (["jobs", "logs", "--stack", "dev", "nope"], "error: job 'nope': no such job in s3://ckpt/teams/default/ "
                                                  "(`gpufleet jobs list` lists them)"),
     (["jobs", "list", "--stack", "empty"], "error: --stack empty: the stack has no outputs (bucket, queueUrl); "
                                            "deploy it first (`pulumi up --stack empty`), or give --queue-url and "
@@ -248,9 +249,9 @@ def test_the_bucket_and_queues_of_each_clouds_outputs():
                                        "poisonQueueUrl": "https://acct.queue.core.windows.net/jobs-poison"}) == Target(
         "https://acct.blob.core.windows.net/checkpoints", "https://acct.queue.core.windows.net/jobs",
         "https://acct.queue.core.windows.net/jobs-poison")
-    assert target_of_outputs("tencent", {"bucket": "gpufleet-t-data-125", "queueUrl": "q", "dlqUrl": "d",
-                                         "checkpointUriTemplate": "cos://gpufleet-t-data-125/jobs/<job_id>/"}) == \
-        Target("cos://gpufleet-t-data-125", "q", "d")
+    tencent = {"bucket": "gpufleet-t-data-125", "queueUrl": "q", "dlqUrl": "d",
+               "checkpointUriTemplate": "cos://gpufleet-t-data-125/teams/<team>/jobs/<job_id>/"}
+    assert target_of_outputs("tencent", tencent) == Target("cos://gpufleet-t-data-125", "q", "d")
 
 
 def test_a_teams_queues_from_the_outputs_and_a_team_without_one_is_one_line():
@@ -264,32 +265,39 @@ def test_a_teams_queues_from_the_outputs_and_a_team_without_one_is_one_line():
     with pytest.raises(UsageError, match=r"^--team: stack dev has no queue for team 'speech'; its teams' queues: "
                                          r"vision, nlp$"):
         target_of_outputs("dev", outputs, "speech")
-    with pytest.raises(UsageError, match="its teams' queues: none: this stack has one queue for all"):
-        target_of_outputs("azure", {"bucket": "b", "queueUrl": "q"}, "nlp")
-    with pytest.raises(UsageError, match=r"^--team: give --stack NAME too"):
-        resolve(None, ".", "q", "b", team="nlp")
+    one = {"bucket": "b", "queueUrl": "q", "teams": ["ml", "nlp"]}  # one queue for all: the first team's
+    assert target_of_outputs("azure", one) == target_of_outputs("azure", one, "ml") == Target("b", "q", None, "ml")
+    with pytest.raises(UsageError, match=r"^--team: stack azure has one queue, for team ml; team 'nlp' has none$"):
+        target_of_outputs("azure", one, "nlp")
+    assert target_of_outputs("old", {"bucket": "b", "queueUrl": "q"}) == Target("b", "q")  # the default team's
+    # no stack: the team given, else GPUFLEET_TEAM, else the default team
+    assert resolve(None, ".", "q", "b", team="nlp") == Target("b", "q", None, "nlp")
+    assert resolve(None, ".", "q", "b", environ={"GPUFLEET_TEAM": "ml"}) == Target("b", "q", None, "ml")
+    assert resolve(None, ".", "q", "b", environ={}).records().store.uri == "s3://b/teams/default/"
 
 
-def test_retry_through_another_teams_queue_is_refused_before_anything_is_sent(moto_endpoint):
-    from trainer.errors import UsageError
+def test_a_teams_commands_neither_see_nor_touch_another_teams_job(moto_endpoint):
+    # issue 23, finding 6 (any job could cancel another team's): each team's records are its own prefix's
+    from trainer.jobs import records
     from trainer.jobs.commands import Target, cancel, retry
-    from trainer.jobs.records import RecordStore, new_record
+    from trainer.jobs.records import UnknownJob, new_record
 
     boto3.client("s3").create_bucket(Bucket="rt-teams", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     sqs = boto3.client("sqs")
     queue = sqs.create_queue(QueueName="rt-vision")["QueueUrl"]
+    nlp = RecordStore.of_bucket("rt-teams", "nlp")
     spec = {"spec": 1, "job_id": "nlp-1", "kind": "trainer", "args": []}
-    RecordStore.of_bucket("rt-teams").update("nlp-1", lambda r: r, missing=lambda: {
-        **new_record(spec, time.time()), "state": "failed", "team": "nlp"})
-    with pytest.raises(UsageError, match=r"^retry: job nlp-1 is team nlp's; retry it with --team nlp$"):
+    nlp.update("nlp-1", lambda r: r, missing=lambda: {**new_record(spec, time.time()), "state": "failed"})
+    with pytest.raises(UnknownJob, match=r"^job 'nlp-1': no such job in s3://rt-teams/teams/vision/ "):
         retry(Target("rt-teams", queue, None, "vision"), "nlp-1")
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=0)
-    assert RecordStore.of_bucket("rt-teams").get("nlp-1")["state"] == "failed"
-    RecordStore.of_bucket("rt-teams").update("nlp-1", lambda r: {**r, "state": "queued"})
-    before = RecordStore.of_bucket("rt-teams").get("nlp-1")
-    with pytest.raises(UsageError, match=r"^cancel: job nlp-1 is team nlp's, not vision's; only its team cancels it "
-                                         r"\(--team nlp\)$"):
+    nlp.update("nlp-1", lambda r: {**r, "state": "queued"})
+    before = nlp.get("nlp-1")
+    with pytest.raises(UnknownJob, match=r"^job 'nlp-1': no such job in s3://rt-teams/teams/vision/"):
         cancel(Target("rt-teams", queue, None, "vision"), "nlp-1")
-    assert RecordStore.of_bucket("rt-teams").get("nlp-1") == before
+    assert nlp.get("nlp-1") == before
+    assert Target("rt-teams", queue, None, "vision").records().all() == []  # nor listed
     assert "cancel" in cancel(Target("rt-teams", queue, None, "nlp"), "nlp-1")
-    assert RecordStore.of_bucket("rt-teams").get("nlp-1")["state"] == "cancelled"
+    assert nlp.get("nlp-1")["state"] == "cancelled"
+    assert sorted(k["Key"] for k in boto3.client("s3").list_objects_v2(Bucket="rt-teams")["Contents"]) == [
+        f"teams/nlp/{records.index_key('nlp-1')}", "teams/nlp/jobs/nlp-1/record.json"]

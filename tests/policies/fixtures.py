@@ -141,9 +141,9 @@ def job_statements(bucket: str) -> list[dict]:
     """The job role's rights (infra.aws.policies.job_role_policy), short of its VPC Deny."""
     return [
         {"Sid": "OwnJobObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-         "Resource": f"arn:aws:s3:::{bucket}/jobs/*"},
+         "Resource": f"arn:aws:s3:::{bucket}/teams/*/jobs/*"},
         {"Sid": "ReadCodeAndData", "Effect": "Allow", "Action": "s3:GetObject",
-         "Resource": [f"arn:aws:s3:::{bucket}/code/*", f"arn:aws:s3:::{bucket}/data/*"]}]
+         "Resource": [f"arn:aws:s3:::{bucket}/teams/*/code/*", f"arn:aws:s3:::{bucket}/teams/*/data/*"]}]
 
 
 def in_vpc_statement(vpc_id: str = VPC_ID) -> dict:

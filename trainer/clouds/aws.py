@@ -209,6 +209,12 @@ def sqs_region(url: str) -> str | None:
     return m.group(1) if m else None
 
 
+# A received message is hidden this long, not the queue's 15 minutes: the bridge deletes it once sbatch took it
+# (seconds), extends a sweep member it holds, and a bridge killed while holding one (even inside a long poll whose
+# answer never reached it) leaves it to its next start a minute later.
+RECEIVE_VISIBILITY_S = 60
+
+
 class SqsJobQueue(JobQueue):
     def __init__(self, url: str, region: str | None = None):
         import boto3  # lazy: AWS SDK (~0.2 s) only when used
@@ -218,7 +224,7 @@ class SqsJobQueue(JobQueue):
 
     def receive(self, wait_s: int) -> Message | None:
         resp = self.client.receive_message(
-            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=wait_s,
+            QueueUrl=self.url, MaxNumberOfMessages=1, WaitTimeSeconds=wait_s, VisibilityTimeout=RECEIVE_VISIBILITY_S,
             MessageSystemAttributeNames=["ApproximateReceiveCount"])
         for m in resp.get("Messages", []):
             return Message(m["MessageId"], m["Body"], m["ReceiptHandle"],

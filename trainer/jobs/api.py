@@ -65,7 +65,8 @@ def info(environ=os.environ) -> JobInfo:
 
 
 def checkpoint_uri() -> str:
-    """The job's own checkpoint prefix: ``<store>/jobs/<job_id>/`` on the cluster, ./checkpoints elsewhere."""
+    """The job's own checkpoint prefix: ``<bucket>/teams/<team>/jobs/<job_id>/`` on the cluster, ./checkpoints
+    elsewhere."""
     return info().checkpoint_uri
 
 

@@ -5,7 +5,7 @@ What is packed: in a git repository, the files git tracks under the directory (t
 elsewhere every file except those a ``.gpufleetignore`` names (one fnmatch pattern a line, ``#`` comments; a
 pattern matches a path relative to the directory or any of its components). The archive is reproducible
 (sorted, mtime 0, owner root, modes 0644/0755), so the same files give the same SHA-256 of the tar stream, and
-the bundle lives gzipped at ``<store>/code/<sha256>.tar.gz``: a second submit of unchanged files hashes them
+the bundle lives gzipped at ``<bucket>/teams/<team>/code/<sha256>.tar.gz``: a second submit of unchanged files hashes them
 and uploads nothing (compression happens only for an upload). The task checks the hash after download.
 """
 from __future__ import annotations
@@ -118,16 +118,9 @@ def pack(root: str | os.PathLike, max_bytes: int = MAX_BYTES) -> Bundle:
     return Bundle(data, hashlib.sha256(data).hexdigest(), len(rels), total)
 
 
-def store_base(bucket: str) -> str:
-    """The store a bundle goes to: ``s3://<bucket>/``, or the Azure checkpoints container URL as given."""
-    if "://" in bucket:
-        return bucket.rstrip("/") + "/"
-    return f"s3://{bucket}/"
-
-
-def upload(bundle: Bundle, bucket: str) -> tuple[str, bool]:
-    """Put the bundle under <store>/code/ unless it is there already: (its URI, whether it was uploaded)."""
-    base = store_base(bucket)
+def upload(bundle: Bundle, base: str) -> tuple[str, bool]:
+    """Put the bundle under <base>code/ (``base``: a team's store URI, trainer.jobs.layout.team_base) unless it
+    is there already: (its URI, whether it was uploaded)."""
     store = open_store(base)
     if store.exists(bundle.key):
         return base + bundle.key, False

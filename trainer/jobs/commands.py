@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from trainer.errors import UsageError
 from trainer.jobs import logs, records
-from trainer.jobs.bundle import store_base
+from trainer.jobs.layout import job_uri
 from trainer.jobs.queue import open_queue
 from trainer.jobs.records import RecordStore
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from trainer.jobs.queue import JobQueue
 
 BOX_STACK = "box"  # --stack box: the running cluster in a box, no Pulumi
-ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL"}
+ENV = {"queue_url": "GPUFLEET_QUEUE_URL", "bucket": "GPUFLEET_BUCKET", "dlq_url": "GPUFLEET_DLQ_URL",
+       "team": "GPUFLEET_TEAM"}
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -38,10 +39,10 @@ class Target:
     bucket: str
     queue_url: str | None = None
     dlq_url: str | None = None
-    team: str | None = None     # whose queues these are, where each team has its own
+    team: str | None = None     # whose jobs (records under teams/<team>/, its queues); None: the default team
 
     def records(self) -> RecordStore:
-        return RecordStore.of_bucket(self.bucket)
+        return RecordStore.of_bucket(self.bucket, self.team)
 
 
 def stack_outputs(stack: str, project_dir, run=subprocess.run) -> dict:
@@ -71,8 +72,7 @@ def team_inlet(where: str, team: str | None, queues: dict, dead_letters: dict,
         if team is None:
             return None
     if team not in (queues or {}):
-        known = ", ".join(queues or {}) or "none: this stack has one queue for all"
-        raise UsageError(f"--team: {where} has no queue for team {team!r}; its teams' queues: {known}")
+        raise UsageError(f"--team: {where} has no queue for team {team!r}; its teams' queues: {', '.join(queues)}")
     return queues[team], (dead_letters or {}).get(team), team
 
 
@@ -85,11 +85,16 @@ def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Tar
     if not bucket or not outputs.get("queueUrl"):
         raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
                          f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
-    own = team_inlet(f"stack {stack}", team, outputs.get("teamQueues"), outputs.get("teamDeadLetterQueues"),
-                      outputs["queueUrl"])
-    if own:
-        return Target(bucket, *own)
-    return Target(bucket, outputs["queueUrl"], outputs.get("dlqUrl") or outputs.get("poisonQueueUrl"))
+    dlq = outputs.get("dlqUrl") or outputs.get("poisonQueueUrl")
+    if not outputs.get("teamQueues"):  # one queue for all (Azure, Tencent): its jobs are the first team's
+        first = (outputs.get("teams") or [None])[0]
+        if team is not None and team != first:
+            raise UsageError(f"--team: stack {stack} has one queue, for team {first or 'default'}; team {team!r} has "
+                             "none")
+        return Target(bucket, outputs["queueUrl"], dlq, first)
+    own = team_inlet(f"stack {stack}", team, outputs["teamQueues"], outputs.get("teamDeadLetterQueues"),
+                     outputs["queueUrl"])
+    return Target(bucket, *own) if own else Target(bucket, outputs["queueUrl"], dlq)
 
 
 def box_dir(environ=os.environ) -> Path:
@@ -118,9 +123,6 @@ def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str |
             environ=os.environ, team: str | None = None) -> Target:
     """Where a command's jobs are: a stack's (``team``: that team's queues, else the first team's), the box's,
     or the flags and variables given."""
-    if team and not stack:
-        raise UsageError("--team: give --stack NAME too (a team's queue is one of the stack's outputs); with "
-                         "--queue-url, give that team's queue")
     if stack == BOX_STACK:
         return box_target(environ, team)
     if stack:
@@ -128,7 +130,8 @@ def resolve(stack: str | None, project_dir, queue_url: str | None, bucket: str |
     bucket = bucket or environ.get(ENV["bucket"])
     if not bucket:
         raise UsageError(f"no jobs bucket: give --stack NAME, or --bucket (or {ENV['bucket']})")
-    return Target(bucket, queue_url or environ.get(ENV["queue_url"]), dlq_url or environ.get(ENV["dlq_url"]))
+    return Target(bucket, queue_url or environ.get(ENV["queue_url"]), dlq_url or environ.get(ENV["dlq_url"]),
+                  team or environ.get(ENV["team"]) or None)
 
 
 def parse_since(text: str, now: float) -> float:
@@ -173,14 +176,14 @@ def row(rec: dict, now: float, price_hour: Callable[[str], float | None] | None 
 
 
 def checkpoint_uri(target: Target, rec: dict) -> str:
-    """Where the job checkpoints: its own --checkpoint-uri, else <bucket>/jobs/<job_id>/."""
+    """Where the job checkpoints: its own --checkpoint-uri, else <bucket>/teams/<team>/jobs/<job_id>/."""
     args = list((rec.get("spec") or {}).get("args") or [])
     for i, arg in enumerate(args):
         if arg == "--checkpoint-uri" and i + 1 < len(args):
             return args[i + 1]
         if arg.startswith("--checkpoint-uri="):
             return arg.partition("=")[2]
-    return f"{store_base(target.bucket)}jobs/{rec['job_id']}/"
+    return job_uri(target.bucket, target.team, rec["job_id"])
 
 
 def output(target: Target, job_id: str, attempt: int | None, follow: bool, poll_s: float = 2.0) \
@@ -213,9 +216,6 @@ def cancel(target: Target, job_id: str) -> str:
 
     def fn(rec: dict) -> dict:
         nonlocal told
-        if target.team and rec.get("team", target.team) != target.team:
-            raise UsageError(f"cancel: job {job_id} is team {rec['team']}'s, not {target.team}'s; only its team "
-                             f"cancels it (--team {rec['team']})")
         new, told = records.cancel(rec, time.time())
         return new
 
@@ -234,8 +234,6 @@ def retry(target: Target, job_id: str) -> str:
     if rec.get("kind") == "sbatch":
         raise UsageError(f"retry: job {job_id} was submitted with sbatch on the controller, not through the queue; "
                          "submit its script again with sbatch")
-    if target.team and rec.get("team") and rec["team"] != target.team:  # its team's queue alone may take it
-        raise UsageError(f"retry: job {job_id} is team {rec['team']}'s; retry it with --team {rec['team']}")
     queue = open_queue(target.queue_url)
     dlq = open_queue(target.dlq_url) if target.dlq_url else queue.dead_letters()
     removed = remove_dead_letter(dlq, job_id) if dlq else 0

@@ -1,5 +1,6 @@
 """Job output in the bucket: each attempt's merged stdout and stderr, shipped while it runs as ordered chunks
-``jobs/<job_id>/logs/<attempt>/<node>/<seq>.log`` (seq zero-padded, so the key order is the output's order).
+``jobs/<job_id>/logs/<attempt>/<node>/<seq>.log`` in the team's store (``<bucket>/teams/<team>/``, seq zero-padded,
+so the key order is the output's order).
 
 :class:`LogShipper` follows the local file a node's task writes the job's output to and ships what is new every
 ``every_s`` seconds, or as soon as ``chunk_bytes`` are waiting, whichever comes first, and everything that is

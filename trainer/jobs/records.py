@@ -1,4 +1,6 @@
-"""Job records: one JSON document per job at ``<store>/jobs/<job_id>/record.json``, beside its checkpoints.
+"""Job records: one JSON document per job at ``<store>/jobs/<job_id>/record.json``, beside its checkpoints; the
+store is a team's part of the bucket (``teams/<team>/``, trainer.jobs.layout), so each team has its own records,
+index and job ids.
 
 A record: ``{"job_id", "kind", "spec" (the job's message, env values hidden), "state", "reason",
 "cancel_requested", "submitted", "updated", "rev", "attempts": [{"n", "nodes", "instance_type", "gpus", "start",
@@ -30,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from trainer.errors import UsageError
-from trainer.jobs.bundle import store_base
+from trainer.jobs.layout import team_base
 from trainer.jobs.spec import hidden_values
 from trainer.loop.storage import Conflict, Store, open_store
 
@@ -201,9 +203,10 @@ class RecordStore:
         self._lock = threading.Lock()
 
     @classmethod
-    def of_bucket(cls, bucket: str, **kw) -> "RecordStore":
-        """The records of the cluster's bucket (an S3 bucket name, or a store URI: az://, https://, cos://)."""
-        return cls(open_store(store_base(bucket)), **kw)
+    def of_bucket(cls, bucket: str, team: str | None, **kw) -> "RecordStore":
+        """The records of ``team`` (None: the default team) in the cluster's bucket (an S3 bucket name, or a store
+        URI: az://, https://, cos://)."""
+        return cls(open_store(team_base(bucket, team)), **kw)
 
     # --- reading and conditional writing ----------------------------------------------------------
 

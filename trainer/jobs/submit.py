@@ -3,7 +3,8 @@
 Enqueues one job, or with ``--sweep`` the grid of all combinations (one job each, ids derived from the
 values). The kind: ``--trainer`` (the default) runs the built-in trainer with ARGV as its flags; ``--image``
 runs ARGV in a container of that image; ``--workdir`` packs the directory into a code bundle
-(``<bucket>/code/<sha256>.tar.gz``, uploaded only when absent) and runs ARGV in it with the node's Python.
+(``<bucket>/teams/<team>/code/<sha256>.tar.gz``, uploaded only when absent) and runs ARGV in it with the node's
+Python.
 Every job is checked against the job spec (trainer/jobs/job.schema.json; a trainer job's flags by train's
 own parser) before anything is uploaded or sent: one bad job, nothing sent.
 With a bucket (``--bucket``, GPUFLEET_BUCKET, or the outputs of ``--stack``), each job's queued record
@@ -27,6 +28,7 @@ from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import bundle
 from trainer.jobs.commands import resolve
 from trainer.jobs.queue import open_queue
+from trainer.jobs.layout import team_base, team_prefix
 from trainer.jobs.records import TERMINAL, RecordStore, UnknownJob, reused
 from trainer.jobs.spec import Job, check_job_id, validate
 from trainer.loop.config import FIELDS
@@ -85,7 +87,7 @@ def expand(base: Job, sweeps: list[tuple[str, list[str]]], max_nodes: int | None
     if base.kind == "trainer" and sweeps and any(
             a == "--checkpoint-uri" or a.startswith("--checkpoint-uri=") for a in base.args):
         raise UsageError("--checkpoint-uri: one location cannot be shared by the jobs of a sweep; leave it out "
-                         "(each job then gets jobs/<job_id>/ in the cluster's bucket)")
+                         "(each job then gets teams/<team>/jobs/<job_id>/ in the cluster's bucket)")
     keys = [k for k, _ in sweeps]
     if len(set(keys)) != len(keys):
         raise UsageError(f"--sweep: a key is swept twice ({', '.join(keys)})")
@@ -119,8 +121,10 @@ def parser() -> ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stack", metavar="NAME", help="read the queue and bucket from this stack's outputs "
                                                    "(`pulumi stack output`)")
-    p.add_argument("--team", metavar="NAME", help="with --stack: send to this team's queue, so the jobs run under "
-                                                  "its Slurm account (default: the stack's first team)")
+    p.add_argument("--team", metavar="NAME", help="the team the jobs are (records and code under teams/<team>/ in the "
+                                                  "bucket); with --stack, sent to its queue, so they run under its "
+                                                  "Slurm account (default: the stack's first team; without --stack "
+                                                  "GPUFLEET_TEAM, else team default)")
     p.add_argument("--project-dir", default=".", metavar="DIR", help="where `pulumi stack output` runs")
     p.add_argument("--queue-url", help="the cluster's job queue URL (default GPUFLEET_QUEUE_URL)")
     p.add_argument("--bucket", help="the cluster's bucket (AWS: its name; Azure: the checkpoints container URL); "
@@ -156,11 +160,13 @@ def parser() -> ArgumentParser:
 def main(argv: list[str]) -> int:
     own, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser().parse_args(own)
-    if args.stack or args.team:  # a team without a stack: resolve says so in one line
+    if args.stack:
         target = resolve(args.stack, args.project_dir, None, None, team=args.team)
         args.queue_url, args.bucket, args.team = target.queue_url, target.bucket, target.team
     args.queue_url = args.queue_url or os.environ.get("GPUFLEET_QUEUE_URL")
     args.bucket = args.bucket or os.environ.get("GPUFLEET_BUCKET")
+    args.team = args.team or os.environ.get("GPUFLEET_TEAM") or None
+    team_prefix(args.team)  # a bad name: one line, before anything is packed or sent
     if not args.queue_url and not args.dry_run:
         raise UsageError("--queue-url: missing; give --stack NAME or --queue-url (or GPUFLEET_QUEUE_URL)")
     kind = "image" if args.image else "code" if args.workdir else "trainer"
@@ -179,13 +185,13 @@ def main(argv: list[str]) -> int:
         fields["image"] = args.image
     if kind == "code":
         if not args.bucket:
-            raise UsageError("--workdir: --bucket is missing; the bundle goes to <bucket>/code/ (the stack's bucket, "
-                             "or on Azure its checkpoints container URL)")
+            raise UsageError("--workdir: --bucket is missing; the bundle goes to <bucket>/teams/<team>/code/ (the "
+                             "stack's bucket, or on Azure its checkpoints container URL)")
         if not 0 < args.max_bundle_mb <= bundle.MAX_BYTES / bundle.MB:
             raise UsageError(f"--max-bundle-mb: {args.max_bundle_mb:g} is not allowed; expected more than 0 and at "
                              f"most {bundle.MAX_BYTES / bundle.MB:g} (a node unpacks no larger bundle)")
         packed = bundle.pack(args.workdir, int(args.max_bundle_mb * bundle.MB))
-        fields["code"] = bundle.store_base(args.bucket) + packed.key
+        fields["code"] = team_base(args.bucket, args.team) + packed.key
     base = Job(base_id, kind, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                env=parse_env(args.env, args.env_from), timeout=args.timeout,
                retries={"on_error": args.retries, "on_exit_codes": args.retry_on}, **fields)
@@ -197,15 +203,13 @@ def main(argv: list[str]) -> int:
     queue = open_queue(args.queue_url)
     book = None
     if args.bucket:
-        book = RecordStore.of_bucket(args.bucket)
+        book = RecordStore.of_bucket(args.bucket, args.team)
         for job in jobs:  # refuse a taken id before anything is uploaded or sent
             try:
                 rec = book.get(job.job_id)
             except UnknownJob:
                 continue
-            state, owner = rec["state"], rec.get("team")
-            if args.team and owner and owner != args.team:  # its team's queue alone may take it (the bridge)
-                raise UsageError(f"--job-id: job {job.job_id} is team {owner}'s; choose another id")
+            state = rec["state"]
             if state not in TERMINAL:
                 raise UsageError(f"--job-id: job {job.job_id} exists and is {state}; choose another id (or "
                                  "`gpufleet jobs cancel` it first)")
@@ -215,7 +219,7 @@ def main(argv: list[str]) -> int:
         print("note: no --bucket: no job records written (`gpufleet jobs list` shows these jobs once given "
               "--bucket or --stack)", file=sys.stderr)
     if packed is not None:
-        uri, sent = bundle.upload(packed, args.bucket)
+        uri, sent = bundle.upload(packed, team_base(args.bucket, args.team))
         print(f"code bundle {uri}: {packed.files} files, {packed.size / bundle.MB:.1f} MB, "
               f"{'uploaded' if sent else 'already there, not uploaded again'}")
     for job in jobs:

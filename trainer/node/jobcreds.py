@@ -30,12 +30,14 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
 from trainer.clouds import adapter
 from trainer.errors import ArgumentParser, UsageError
+from trainer.jobs.layout import team_of_account
 from trainer.jobs.records import RecordStore
 from trainer.node import node_schema
 from trainer.slurm import batch
@@ -53,7 +55,7 @@ RENEW_BEFORE_S = 20 * 60   # botocore asks again 15 minutes before expiry: hand 
 RECORD_WAIT_S = 30.0        # how long the Prolog waits for the bridge to name the Slurm job in the record
 BRIDGE_USER = "gpufleet"    # who the bridge submits as (ami/systemd/gpufleet-bridge.service)
 
-Issuer = Callable[[str, str], "tuple[dict, float]"]  # (job id, session name) -> (credentials, expiry)
+Issuer = Callable[[str, str, str], "tuple[dict, float]"]  # (team, job id, session name) -> (credentials, expiry)
 
 
 class Denied(Exception):
@@ -65,6 +67,7 @@ class Denied(Exception):
 @dataclass(frozen=True)
 class Grant:
     slurm_id: str
+    team: str
     job_id: str
     uid: int
     digest: str
@@ -96,14 +99,14 @@ def _write_new(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None
     os.replace(tmp, path)
 
 
-def write_grant(directory: Path, slurm_id: str, job_id: str, uid: int, gid: int) -> str:
+def write_grant(directory: Path, slurm_id: str, team: str, job_id: str, uid: int, gid: int) -> str:
     """The grant of a Slurm job on this node and its token file (readable by the job's user only)."""
     if not SLURM_ID.fullmatch(slurm_id):
         raise UsageError(f"credentials: Slurm job id {slurm_id!r}: expected digits")
     directory = Path(directory)
     _private_dir(directory, 0o755)
     token = f"{slurm_id}.{secrets.token_urlsafe(32)}"
-    grant = {"slurm_id": slurm_id, "job_id": job_id, "uid": uid, "digest": digest(token)}
+    grant = {"slurm_id": slurm_id, "team": team, "job_id": job_id, "uid": uid, "digest": digest(token)}
     _write_new(_private_dir(directory / "grants", 0o700) / f"{slurm_id}.json", json.dumps(grant).encode(), 0o600)
     _write_new(_private_dir(directory / "tokens", 0o711) / slurm_id, token.encode(), 0o400, (uid, gid))
     return token
@@ -116,7 +119,7 @@ def read_grant(directory: Path, slurm_id: str) -> Grant | None:
         return None
     with os.fdopen(fd) as f:
         raw = json.load(f)
-    return Grant(str(raw["slurm_id"]), str(raw["job_id"]), int(raw["uid"]), str(raw["digest"]))
+    return Grant(str(raw["slurm_id"]), str(raw["team"]), str(raw["job_id"]), int(raw["uid"]), str(raw["digest"]))
 
 
 def remove_grant(directory: Path, slurm_id: str) -> None:
@@ -147,9 +150,9 @@ class Broker:
             cached = self._cache.get(grant.slurm_id)
             if cached and cached[0] == grant.digest and cached[2] - self.clock() > RENEW_BEFORE_S:
                 return cached[1]
-            document, expires = self.issuer(grant.job_id, grant.slurm_id)
-            log.info("job %s (Slurm job %s): credentials until %s", grant.job_id, grant.slurm_id,
-                     document.get("Expiration"))
+            document, expires = self.issuer(grant.team, grant.job_id, grant.slurm_id)
+            log.info("job %s of team %s (Slurm job %s): credentials until %s", grant.job_id, grant.team,
+                     grant.slurm_id, document.get("Expiration"))
             with self._lock:
                 now = self.clock()
                 for sid in [s for s, (_, _, exp) in self._cache.items() if exp <= now]:
@@ -193,24 +196,27 @@ def serve(broker: Broker, host: str = HOST, port: int = PORT) -> ThreadingHTTPSe
 
 # --- Slurm's Prolog and Epilog -------------------------------------------------------------------------------
 
-def job_of(slurm_id: str, bridge_user: str, records, slurm=None, wait_s: float = RECORD_WAIT_S,
-           sleep: Callable[[float], None] = time.sleep) -> str:
-    """Which gpufleet job Slurm job ``slurm_id`` is (see the module's docstring)."""
+def job_of(slurm_id: str, bridge_user: str, records_of: Callable[[str], RecordStore], slurm=None,
+           wait_s: float = RECORD_WAIT_S, sleep: Callable[[float], None] = time.sleep) -> tuple[str, str]:
+    """Which gpufleet job Slurm job ``slurm_id`` is, as (team, job id) (see the module's docstring);
+    ``records_of``: a team's records."""
     slurm = slurm or default_client
     job = slurm.job(slurm_id)
     if job is None:
         raise UsageError(f"credentials: Slurm job {slurm_id}: slurmctld does not know it")
-    mirror = f"{MIRROR_PREFIX}{job.id}"
+    mirror = (team_of_account(job.account), f"{MIRROR_PREFIX}{job.id}")  # as the bridge mirrors it
     if job.user != bridge_user:
         return mirror
-    claimed = batch.job_id_of(slurm.batch_script(str(job.array_job_id or slurm_id)), job.array_task_id)
+    script = slurm.batch_script(str(job.array_job_id or slurm_id))
+    claimed = batch.job_id_of(script, job.array_task_id)
     if claimed is None:
         return mirror
+    team = batch.team_of(script)
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            if (records.get(claimed).get("slurm") or {}).get("id") == job.id:
-                return claimed
+            if (records_of(team).get(claimed).get("slurm") or {}).get("id") == job.id:
+                return team, claimed
         except UsageError:  # no record (yet)
             pass
         if time.monotonic() >= deadline:
@@ -257,9 +263,9 @@ def main(argv: list[str]) -> int:
             raise UsageError("credentials prolog: SLURM_JOB_ID and SLURM_JOB_UID must be set (Slurm's Prolog)")
         uid = int(env["SLURM_JOB_UID"])
         gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else uid
-        job_id = job_of(slurm_id, args.bridge_user, RecordStore.of_bucket(settings["aws"]["bucket"]))
-        write_grant(Path(args.dir), slurm_id, job_id, uid, gid)
-        log.info("Slurm job %s is job %s: granted", slurm_id, job_id)
+        team, job_id = job_of(slurm_id, args.bridge_user, partial(RecordStore.of_bucket, settings["aws"]["bucket"]))
+        write_grant(Path(args.dir), slurm_id, team, job_id, uid, gid)
+        log.info("Slurm job %s is job %s of team %s: granted", slurm_id, job_id, team)
         return 0
     if not settings["aws"].get("job_role_arn"):
         raise UsageError("credentials serve: no job role: give --role-arn, or run on a node whose node.json has "

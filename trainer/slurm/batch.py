@@ -18,8 +18,10 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from trainer.jobs.layout import DEFAULT_TEAM
 from trainer.jobs.spec import Job
 
+ACCOUNT_LINE = "#SBATCH --account="
 COMMENT_PREFIX = "gpufleet:"
 NAME_PREFIX = "gpufleet."
 _SPEC_LINE = re.compile(r"\s*(?:(\d+)\) )?spec=([A-Za-z0-9+/=]+)(?: ;;)?")
@@ -36,6 +38,7 @@ class Site:
     gpus: int = 0               # GPUs of a node of the partition (a job without gpus_per_node gets them all)
     instance_type: str | None = None  # the partition's instance type (records: GPU-hours and cost)
     account: str | None = None  # the Slurm account (team) the jobs run under; None: the submitter's default
+    #                             (their records are then the default team's, trainer.jobs.layout)
 
 
 def encode(entry: dict) -> str:
@@ -80,7 +83,7 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
     if site.partition:
         lines.append(f"#SBATCH --partition={site.partition}")
     if site.account:
-        lines.append(f"#SBATCH --account={site.account}")
+        lines.append(f"{ACCOUNT_LINE}{site.account}")
     gpus = site.gpus if head.gpus_per_node is None else min(head.gpus_per_node, site.gpus)
     if head.gpus_per_node is None:
         lines.append("#SBATCH --exclusive")  # one job per node, all of its GPUs
@@ -99,9 +102,19 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
         lines += [f"  {i}) spec={spec} ;;" for i, spec in enumerate(specs)]
         lines.append("esac")
     task = [site.python, "-m", "trainer", "task", "--bucket", site.bucket, "--gpus", str(gpus)]
+    if site.account:  # the job's team: its records, logs and checkpoints are under teams/<team>/
+        task += ["--team", site.account]
     lines.append("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 --nodes=\"$SLURM_JOB_NUM_NODES\" "
                  + " ".join(shlex.quote(a) for a in task) + ' --spec "$spec"')
     return "\n".join(lines) + "\n"
+
+
+def team_of(script: str) -> str:
+    """The team of the jobs of a batch script :func:`render` wrote: its Slurm account, else the default team."""
+    for line in script.splitlines():
+        if line.startswith(ACCOUNT_LINE):
+            return line.removeprefix(ACCOUNT_LINE)
+    return DEFAULT_TEAM
 
 
 def job_id_of(script: str, index: int | None = None) -> str | None:

@@ -3,8 +3,9 @@
 Each message becomes an ``sbatch`` of the batch script its spec renders (trainer.slurm.batch); the jobs of a
 sweep (spec "array") are gathered by their submit's nonce and become one Slurm job array. Each team has a queue of
 its own, which only the team's submit identity may send to (the stack's queue policy): a job's team, and so its
-Slurm account, is the queue its first message came through, never anything its body says; the record keeps it
-(``team``), and a message through another team's queue that names the job is refused. Slurm then does the
+Slurm account and the records it is among (``teams/<team>/`` in the bucket, trainer.jobs.layout), is the queue its
+message came through, never anything its body says; the same job id through two teams' queues is two jobs, one
+of each team. Slurm then does the
 scheduling, the gang allocation, requeues and node health; the bridge keeps every job's record true from
 Slurm's own state (``squeue --json``, through the one table in trainer.slurm.states) and does what Slurm does not:
 
@@ -14,9 +15,10 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
 - a failure (FAILED, TIMEOUT, ...) is resubmitted while the job's ``retries`` allow (preemptions never count;
   an exit status in ``on_exit_codes`` always retries), each resubmission with its own key;
 - a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
-- jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch");
+- jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch") of the team
+  their Slurm account names;
 - an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job of
-  its team;
+  its queue's team;
 - a record shows its job's env names, never their values: the bridge keeps the values of the jobs it submits on
   the controller (trainer.slurm.envkeep) and fills them in when the job comes again without them (a retry);
 - once a minute, the jobs' gauges the stack's alarms and dashboard read (:func:`job_gauges`: pending, running,
@@ -36,10 +38,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import records as rc
+from trainer.jobs.layout import DEFAULT_TEAM, team_of_account
 from trainer.jobs.queue import JobQueue, Message, open_queue
 from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.jobs.spec import JOB_ID, Job, hidden_names, parse_job, retry_decision, validate
@@ -59,6 +64,9 @@ CANCEL_POLL_S = 2.0
 GAUGES_EVERY_S = 60.0  # how often the controller's gauges are published
 ACCOUNTING_EVERY_S = 30.0  # how often jobs gone from squeue are looked up in accounting
 HOLD_VISIBILITY_S = 120  # a sweep member held while its siblings arrive stays hidden this long
+
+
+Ref = tuple[str, str]  # a record: (its team, its job id)
 
 
 @dataclass
@@ -101,18 +109,25 @@ def job_gauges(jobs: list[SlurmJob], now: float) -> dict[str, float]:
 
 
 class Bridge:
-    def __init__(self, queue: JobQueue | None, recs: RecordStore, site: batch.Site, slurm=client,
-                 clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S, emitter=None,
-                 env_keep: EnvKeep | None = None, team_queues: dict[str, JobQueue] | None = None):
+    def __init__(self, queue: JobQueue | None, records_of: Callable[[str], RecordStore], site: batch.Site,
+                 slurm=client, clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S,
+                 emitter=None, env_keep: EnvKeep | None = None, team_queues: dict[str, JobQueue] | None = None):
         # each team's queue (a message's team is the queue it came through); or one queue, for site.account's team
-        self.queues: dict[str | None, JobQueue] = dict(team_queues) if team_queues else {site.account: queue}
+        self.queues: dict[str, JobQueue] = dict(team_queues) if team_queues else {
+            site.account or DEFAULT_TEAM: queue}
         self._turn = 0                        # the queue received from next, in turn while nothing comes
-        self.records, self.site, self.slurm = recs, site, slurm
+        self.records_of = records_of          # a team -> its records (RecordStore.of_bucket(bucket, team))
+        self._records: dict[str, RecordStore] = {}
+        for team in self.queues:  # made now, not between a message's receipt and its sbatch
+            self.records(team)
+        # one queue and no account: sbatch under the bridge user's default account, the records the default team's
+        self.users_account = not team_queues and site.account is None
+        self.site, self.slurm = site, slurm
         self.env_keep = env_keep              # the jobs' env values (records show names only), or None
         self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
         self.emitter = emitter                # the gauges' EMF emitter (trainer.node.emf.Emitter), or None
-        self.gathering: dict[str, _Gathering] = {}
-        self.known: dict[str, str] = {}       # Slurm job id -> record job id
+        self.gathering: dict[tuple[str, str], _Gathering] = {}  # (team, sweep nonce) -> its members so far
+        self.known: dict[str, Ref] = {}       # Slurm job id -> (team, record job id)
         self.seen: dict[str, tuple] = {}      # Slurm job id -> the state last applied
         self.loaded = False
         self.cancelling: set[str] = set()     # Slurm job ids scancel was sent for
@@ -126,8 +141,8 @@ class Bridge:
 
     def serve(self, stop: threading.Event) -> int:
         log.info("bridge: %s -> Slurm; records in %s", ", ".join(
-            f"team {team or '(default account)'}'s queue {getattr(q, 'url', '?')}" for team, q in self.queues.items()),
-            self.records.store.uri)
+            f"team {team}'s queue {getattr(q, 'url', '?')}" for team, q in self.queues.items()),
+            ", ".join(self.records(team).store.uri for team in self.queues))
         while not stop.is_set():
             self.step()
         return 0
@@ -154,8 +169,14 @@ class Bridge:
 
     # --- messages -> sbatch ---------------------------------------------------------------------------------
 
-    def take(self, msg: Message, team: str | None = None) -> None:
-        """A message from ``team``'s queue."""
+    def records(self, team: str) -> RecordStore:
+        """The records of ``team`` (its part of the bucket)."""
+        if team not in self._records:
+            self._records[team] = self.records_of(team)
+        return self._records[team]
+
+    def take(self, msg: Message, team: str) -> None:
+        """A message from ``team``'s queue: a job of that team, whatever its body says."""
         queue = self.queues[team]
         try:
             job = self.with_values(parse_job(msg.body))
@@ -163,10 +184,6 @@ class Bridge:
             self.refuse(msg, exc, team)
             return
         rec = self._record(job, team)
-        if rec.get("team", team) != team:
-            self.refuse(msg, UsageError(f"job {job.job_id} is team {rec['team']}'s; a message through team "
-                                        f"{team}'s queue cannot submit it (pick another job id)"), team, mark=False)
-            return
         if rec["state"] in rc.TERMINAL or (rec.get("slurm") or {}).get("message") == msg.id:
             # finished or cancelled before it ran (`retry` queues the record before it sends), or submitted
             # before a restart that lost the delete
@@ -182,23 +199,23 @@ class Bridge:
             if len(g.members) == g.count:
                 del self.gathering[nonce]
                 members = [g.members[i] for i in range(g.count)]
-                self.submit(members, batch.key_of([j for _, j in members], msg.id))
+                self.submit(team, members, batch.key_of([j for _, j in members], msg.id))
             return
-        self.submit([(msg, job)], batch.key_of([job], msg.id))
+        self.submit(team, [(msg, job)], batch.key_of([job], msg.id))
 
-    def refuse(self, msg: Message, exc: UsageError, team: str | None = None, mark: bool = True) -> None:
+    def refuse(self, msg: Message, exc: UsageError, team: str) -> None:
         """An invalid message from ``team``'s queue: to the dead-letter queue at once; one line in its record if
-        it names a job of the team (``mark``)."""
+        it names a job of the team."""
         log.error("message %s: invalid job, moved to the dead-letter queue: %s", msg.id, exc)
         try:
             job_id = json.loads(msg.body).get("job_id")
         except (ValueError, AttributeError):
             job_id = None
-        if mark and isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
+        if isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
             try:
-                self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or r.get("team", team) != team
-                                    else {**r, "state": "failed", "reason": f"invalid: {exc}",
-                                          "updated": self.clock()})
+                self.records(team).update(job_id, lambda r: r if r["state"] in rc.TERMINAL
+                                          else {**r, "state": "failed", "reason": f"invalid: {exc}",
+                                                "updated": self.clock()})
             except UnknownJob:
                 pass
         self.queues[team].dead_letter(msg, f"invalid job: {exc}")
@@ -213,12 +230,11 @@ class Bridge:
             return job
         return self.env_keep.fill(job)
 
-    def _record(self, job: Job, team: str | None) -> dict:
-        """The job's record, made if missing; a record of no team yet becomes ``team``'s (None: none)."""
+    def _record(self, job: Job, team: str) -> dict:
+        """The job's record among ``team``'s, made if missing."""
         now = self.clock()
-        owned = {"team": team} if team is not None else {}
-        return self.records.update(job.job_id, lambda r: r if "team" in r else {**r, **owned},
-                                   missing=lambda: {**rc.new_record(job.to_dict(), now), **owned})
+        return self.records(team).update(job.job_id, lambda r: r if r.get("team") == team else {**r, "team": team},
+                                         missing=lambda: {**rc.new_record(job.to_dict(), now), "team": team})
 
     def flush_gatherings(self) -> None:
         """Sweep members whose siblings did not all come in time: each runs as a single job."""
@@ -229,7 +245,7 @@ class Bridge:
                 log.warning("sweep %s: %d of %d members arrived; running them as single jobs", nonce[1],
                             len(g.members), g.count)
                 for msg, job in g.members.values():
-                    self.submit([(msg, job)], msg.id)
+                    self.submit(nonce[0], [(msg, job)], msg.id)
 
     def find(self, key: str) -> str | None:
         """The Slurm job (or array) submitted with this key, if Slurm knows one."""
@@ -239,20 +255,21 @@ class Bridge:
                 return str(j.array_job_id) if j.array_job_id else j.id
         return None
 
-    def submit(self, members: list[tuple[Message, Job]], key: str, resubmit: bool = False) -> str:
-        """One sbatch for these jobs (one, or a sweep as an array), unless Slurm has them already; then each
-        record names its Slurm job, then the messages are deleted."""
+    def submit(self, team: str, members: list[tuple[Message, Job]], key: str, resubmit: bool = False) -> str:
+        """One sbatch for these jobs of ``team`` (one, or a sweep as an array) under its Slurm account, unless
+        Slurm has them already; then each record names its Slurm job, then the messages are deleted."""
         jobs = [j for _, j in members]
-        recs = [self.records.get(j.job_id) for j in jobs]
-        team = recs[0].get("team", self.site.account)  # the Slurm account: the team the record is (a sweep's: one)
+        book = self.records(team)
+        recs = [book.get(j.job_id) for j in jobs]
         queue = self.queues.get(team)
+        account = None if self.users_account else team
         first = [len(r["attempts"]) + 1 for r in recs]
         slurm_id = self.find(key)
         if self.env_keep is not None:
             for job in jobs:  # for a retry, which comes with the names only
                 self.env_keep.keep(job)
         if slurm_id is None:
-            slurm_id = self.slurm.sbatch(batch.render(jobs, replace(self.site, account=team), key, first))
+            slurm_id = self.slurm.sbatch(batch.render(jobs, replace(self.site, account=account), key, first))
             log.info("submitted %s as Slurm job %s (key %s)", ", ".join(j.job_id for j in jobs), slurm_id, key)
         else:
             log.info("%s: Slurm job %s has key %s already; not submitted again", ", ".join(j.job_id for j in jobs),
@@ -265,8 +282,8 @@ class Bridge:
                 return {**r, "slurm": {"id": sid, "key": key, "message": msg.id if msg else None,
                                        "first_attempt": first, "budget_from": budget}}
 
-            self.records.update(job.job_id, named)
-            self.known[sid] = job.job_id
+            book.update(job.job_id, named)
+            self.known[sid] = (team, job.job_id)
             self.seen.pop(sid, None)
         for msg, _ in members:
             if msg is not None:
@@ -288,12 +305,13 @@ class Bridge:
 
     def load_known(self) -> None:
         """Slurm job ids of the records (after a restart); those of finished records need no more reading."""
-        for rec in self.records.all():
-            sid = (rec.get("slurm") or {}).get("id")
-            if sid:
-                self.known[sid] = rec["job_id"]
-                if rec["state"] in rc.TERMINAL:
-                    self.final.add(sid)
+        for team in self.queues:
+            for rec in self.records(team).all():
+                sid = (rec.get("slurm") or {}).get("id")
+                if sid:
+                    self.known[sid] = (team, rec["job_id"])
+                    if rec["state"] in rc.TERMINAL:
+                        self.final.add(sid)
         self.loaded = True
 
     def sync(self) -> None:
@@ -304,20 +322,20 @@ class Bridge:
         for j in listed:
             if j.array_job_id and j.array_task_id is None:
                 continue  # an array's members still pending together: their records say queued
-            job_id = self.known.get(j.id)
-            if job_id is None:
+            ref = self.known.get(j.id)
+            if ref is None:
                 if j.comment.startswith(batch.COMMENT_PREFIX):
                     continue  # ours, its record not written yet (submit names it next)
-                job_id = self.mirror(j)
+                ref = self.mirror(j)
             final = lifecycle(j.state, j.exit_code, j.restarts, j.description).final
-            if job_id in cancelled and not final and j.id not in self.cancelling:
-                log.info("job %s: cancel asked; scancel %s", job_id, j.id)
+            if ref in cancelled and not final and j.id not in self.cancelling:
+                log.info("job %s (team %s): cancel asked; scancel %s", ref[1], ref[0], j.id)
                 self.slurm.scancel(j.id)
                 self.cancelling.add(j.id)
             state = (j.state, j.restarts, j.exit_code, j.nodes, j.description)
             if self.seen.get(j.id) == state:
                 continue
-            self._apply(job_id, j, final)
+            self._apply(ref, j, final)
             self.seen[j.id] = state
         self.read_accounting({j.id for j in listed},
                              {str(j.array_job_id) for j in listed if j.array_job_id and j.array_task_id is None})
@@ -327,22 +345,22 @@ class Bridge:
         """Running jobs' progress into the records' index, once every ``records.progress_every_s``: a job's task
         writes its record alone (RecordStore(index=False)), since an index shard holds other jobs' entries."""
         now = self.clock()
-        if now - self._last_progress < self.records.progress_every_s:
+        if now - self._last_progress < rc.PROGRESS_EVERY_S:
             return
         self._last_progress = now
         for j in listed:
-            job_id = self.known.get(j.id)
-            if j.state == "RUNNING" and job_id is not None and j.id not in self.final:
+            ref = self.known.get(j.id)
+            if j.state == "RUNNING" and ref is not None and j.id not in self.final:
                 try:
-                    self.records.reindex(job_id)
+                    self.records(ref[0]).reindex(ref[1])
                 except UnknownJob:
                     pass
 
-    def _apply(self, job_id: str, j: SlurmJob, final: bool) -> None:
+    def _apply(self, ref: Ref, j: SlurmJob, final: bool) -> None:
         try:
-            self.apply(job_id, j)
+            self.apply(ref, j)
         except UnknownJob:
-            log.warning("Slurm job %s: its record %s is gone", j.id, job_id)
+            log.warning("Slurm job %s: its record %s (team %s) is gone", j.id, ref[1], ref[0])
         if final:
             self.final.add(j.id)
 
@@ -361,40 +379,46 @@ class Bridge:
             log.warning("accounting: %s; jobs %s looked up again later", exc, ", ".join(gone))
             return
         for j in ended:
-            job_id = self.known[j.id]
-            run = ((self.records.get(job_id).get("attempts") or [{}])[-1].get("run") or "").partition("#")
+            ref = self.known[j.id]
+            run = ((self.records(ref[0]).get(ref[1]).get("attempts") or [{}])[-1].get("run") or "").partition("#")
             restarts = int(run[2]) if run[0] == j.id and run[2].isdigit() else 0  # the attempt the record has
-            log.info("job %s: Slurm job %s ended while the bridge was away: %s (from accounting)", job_id, j.id,
+            log.info("job %s: Slurm job %s ended while the bridge was away: %s (from accounting)", ref[1], j.id,
                      j.state)
-            self._apply(job_id, replace(j, restarts=restarts),
+            self._apply(ref, replace(j, restarts=restarts),
                         lifecycle(j.state, j.exit_code, restarts).final)
 
-    def cancels(self) -> set[str]:
-        """Jobs whose record asks for a cancel (read from the records' index every CANCEL_POLL_S)."""
+    def cancels(self) -> set[Ref]:
+        """Jobs whose record asks for a cancel (read from each known team's records' index every
+        CANCEL_POLL_S)."""
         now = self.clock()
         if now - self._last_cancel_poll >= CANCEL_POLL_S:
             self._last_cancel_poll = now
-            self._cancelled = {r["job_id"] for r in self.records.all()
+            self._cancelled = {(team, r["job_id"]) for team in {*self.queues, *self._records}
+                               for r in self.records(team).all()
                                if r.get("cancel_requested") or r["state"] == "cancelled"}
         return self._cancelled
 
-    def mirror(self, j: SlurmJob) -> str:
-        """A job submitted with sbatch directly: its record, ``slurm-<id>``, kind sbatch."""
+    def mirror(self, j: SlurmJob) -> Ref:
+        """A job submitted with sbatch directly: its record, ``slurm-<id>``, kind sbatch, among the records of the
+        team its Slurm account names (the default team's when that is no team's name)."""
         job_id = f"{MIRROR_PREFIX}{j.id}"
+        team = team_of_account(j.account)
         spec = {"job_id": job_id, "kind": "sbatch", "name": j.name, "user": j.user, "partition": j.partition}
         now = j.submit_time or self.clock()
-        self.records.update(job_id, lambda r: r, missing=lambda: {
-            **rc.new_record(spec, now), **({"team": j.account} if j.account else {}),
+        self.records(team).update(job_id, lambda r: r, missing=lambda: {
+            **rc.new_record(spec, now), "team": team,
             "slurm": {"id": j.id, "key": None, "message": None, "first_attempt": 1, "budget_from": 0}})
-        self.known[j.id] = job_id
-        return job_id
+        self.known[j.id] = (team, job_id)
+        return team, job_id
 
-    def apply(self, job_id: str, j: SlurmJob) -> None:
+    def apply(self, ref: Ref, j: SlurmJob) -> None:
         """Move the record to what Slurm says of its job: an attempt claimed when it ran, ended when it stopped."""
         if j.state == "COMPLETING":  # between runs: Slurm may count the requeue already; the next state tells
             return
         out = lifecycle(j.state, j.exit_code, j.restarts, j.description)
-        rec = self.records.get(job_id)
+        team, job_id = ref
+        book = self.records(team)
+        rec = book.get(job_id)
         slurm = rec.get("slurm") or {}
         if slurm.get("id") != j.id or rec["state"] in rc.TERMINAL:
             return  # an older Slurm job of this record (a retry runs under its own id), or a finished record
@@ -403,30 +427,30 @@ class Bridge:
         last = rec["attempts"][-1] if rec["attempts"] else None
         ran = bool(j.nodes) and out.state not in ("queued", "preempted")
         if ran and not (last is not None and last.get("run") == run):
-            rec = self._claim(job_id, j, int(slurm.get("first_attempt") or 1) + j.restarts, run)
+            rec = self._claim(ref, j, int(slurm.get("first_attempt") or 1) + j.restarts, run)
         if out.state == "queued" and rec["state"] == "queued" and rec.get("reason") != out.reason:
-            self.records.update(job_id, lambda r: {**r, "reason": out.reason} if r["state"] == "queued" else r)
+            book.update(job_id, lambda r: {**r, "reason": out.reason} if r["state"] == "queued" else r)
         if out.state in ("running", "queued"):
             return
         if out.state == "preempted":
-            self.records.update(job_id, lambda r: rc.end(r, "preempted", j.exit_code, out.reason, now)
+            book.update(job_id, lambda r: rc.end(r, "preempted", j.exit_code, out.reason, now)
                                 if r["state"] == "running" else r)
             return
         if out.state == "failed":
             if j.state == "PENDING":  # held by Slurm after a failed launch
                 if (rec.get("spec") or {}).get("kind") == "sbatch":  # a user's own job: theirs to release
-                    self.records.update(job_id, lambda r: {**r, "reason": f"held by Slurm: {j.description}"}
+                    book.update(job_id, lambda r: {**r, "reason": f"held by Slurm: {j.description}"}
                                         if r["state"] not in rc.TERMINAL else r)
                     return
                 self.slurm.scancel(j.id)
                 log.error("job %s: Slurm job %s could not be launched on its node (%s); cancelled", job_id, j.id,
                           j.description)
-            self._failed(job_id, rec, j, out.reason)
+            self._failed(ref, rec, j, out.reason)
             return
-        self.records.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or not rc.allowed(r["state"], out.state)
+        book.update(job_id, lambda r: r if r["state"] in rc.TERMINAL or not rc.allowed(r["state"], out.state)
                             else rc.end(r, out.state, j.exit_code, out.reason, now))
 
-    def _claim(self, job_id: str, j: SlurmJob, n: int, run: str) -> dict:
+    def _claim(self, ref: Ref, j: SlurmJob, n: int, run: str) -> dict:
         now = j.start_time or self.clock()
         attempt = {"nodes": list(j.nodes), "instance_type": self.site.instance_type, "gpus": self.site.gpus, "n": n}
 
@@ -437,10 +461,12 @@ class Bridge:
             new["attempts"][-1]["run"] = run
             return new
 
-        return self.records.update(job_id, fn)
+        return self.records(ref[0]).update(ref[1], fn)
 
-    def _failed(self, job_id: str, rec: dict, j: SlurmJob, reason: str) -> None:
+    def _failed(self, ref: Ref, rec: dict, j: SlurmJob, reason: str) -> None:
         """A failed attempt: submitted again while the job's retries allow, else the record fails."""
+        team, job_id = ref
+        book = self.records(team)
         now = self.clock()
         spec = rec.get("spec") or {}
         status = j.exit_code if j.exit_code is not None else 1
@@ -448,7 +474,7 @@ class Bridge:
         retry, why = (False, "sbatch jobs are not retried by the bridge") if spec.get("kind") == "sbatch" else \
             retry_decision(spec.get("retries") or {}, earlier, status)
         state = "queued" if retry else "failed"
-        self.records.update(job_id, lambda r: rc.end(r, state, status, reason, now) if r["state"] == "running"
+        book.update(job_id, lambda r: rc.end(r, state, status, reason, now) if r["state"] == "running"
                             else r if r["state"] in rc.TERMINAL else {**r, "state": state, "reason": reason})
         if not retry:
             log.error("job %s: %s with exit status %s; failed (%s)", job_id, reason, status, why)
@@ -457,11 +483,11 @@ class Bridge:
             job = self.with_values(validate({k: v for k, v in spec.items() if k != "array"}))
         except UsageError as exc:
             log.error("job %s: not submitted again: %s", job_id, exc)
-            self.records.update(job_id, lambda r: {**r, "state": "failed", "reason": f"invalid: {exc}",
+            book.update(job_id, lambda r: {**r, "state": "failed", "reason": f"invalid: {exc}",
                                                    "updated": self.clock()} if r["state"] == "queued" else r)
             return
         log.warning("job %s: %s with exit status %s; submitted again (%s)", job_id, reason, status, why)
-        self.submit([(None, job)], f"{job_id}.retry.{len(rec['attempts'])}", resubmit=True)
+        self.submit(team, [(None, job)], f"{job_id}.retry.{len(rec['attempts'])}", resubmit=True)
 
 
 def parser() -> ArgumentParser:
@@ -557,7 +583,7 @@ def main(argv: list[str]) -> int:
     site = batch.Site(args.bucket, args.python, args.output_dir, args.partition, args.gpus, args.instance_type,
                       None if teams else args.account)
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
-    bridge = Bridge(None if teams else open_queue(args.queue_url), RecordStore.of_bucket(args.bucket), site,
+    bridge = Bridge(None if teams else open_queue(args.queue_url), partial(RecordStore.of_bucket, args.bucket), site,
                     emitter=emitter, env_keep=EnvKeep(args.env_dir),
                     team_queues={team: open_queue(url) for team, url in teams.items()})
     stop = threading.Event()

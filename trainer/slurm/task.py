@@ -9,8 +9,8 @@ attempt of this submission plus Slurm's restart count); Slurm's SLURM_* stay too
 The stop contract is the same as ever: Slurm's SIGTERM (a requeue after a notice, a cancel, the time limit)
 reaches this process through srun; it writes the stop file and passes the SIGTERM on; the job checkpoints and
 exits 75, which Slurm requeues (RequeueExit=75). The output of each node's part is shipped to
-``jobs/<id>/logs/<attempt>/<node>/`` (what `gpufleet jobs logs` reads) and still goes to Slurm's output file;
-node rank 0 writes the job's progress into its record.
+``teams/<team>/jobs/<id>/logs/<attempt>/<node>/`` (the team: the job's Slurm account, --team; what `gpufleet jobs
+logs` reads) and still goes to Slurm's output file; node rank 0 writes the job's progress into its record.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import bundle
+from trainer.jobs.layout import job_uri
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, hidden_names, validate
 from trainer.loop.config import TrainConfig, parse_args
@@ -52,14 +53,6 @@ CREDENTIALS_URI, CREDENTIALS_TOKEN = "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_
 def rdzv_port(slurm_job_id: int) -> int:
     """A port per job, so that two jobs sharing a first node do not collide."""
     return PORT_BASE + slurm_job_id % PORT_SPAN
-
-
-def default_checkpoint_uri(bucket: str, job_id: str) -> str:
-    """s3://<bucket>/jobs/<job_id>/; on Azure the bucket is a blob container URL (https:// or az://), on Tencent
-    a cos:// URI."""
-    if "://" in bucket:
-        return f"{bucket.rstrip('/')}/jobs/{job_id}/"
-    return f"s3://{bucket}/jobs/{job_id}/"
 
 
 def trainer_args(job: Job, checkpoint_uri: str, metrics_path: str) -> tuple[list[str], str, str]:
@@ -131,21 +124,23 @@ class Task:
 
     def __init__(self, job: Job, attempt: int, slurm: dict, bucket: str, gpus: int, work_dir: Path,
                  node: dict | None = None, emf_log: str | None = None, emf_interval_s: float = 60.0,
-                 platform=None, container_extra: tuple[str, ...] = ()):
+                 platform=None, container_extra: tuple[str, ...] = (), team: str | None = None):
         self.job, self.attempt, self.slurm, self.bucket, self.gpus = job, attempt, slurm, bucket, gpus
+        self.team = team  # the job's (its Slurm account, which the batch script names); None: the default team
         self.node = node or {}
         self.platform = platform  # trainer.node.platform's; None: this node's (open_platform)
         self.container_extra = tuple(container_extra)  # tests only: extra `docker run` flags (host mounts)
         self.dir = work_dir / "jobs" / job.job_id
         self.emf_log, self.emf_interval_s = emf_log, emf_interval_s
-        self.uri = default_checkpoint_uri(bucket, job.job_id)
+        self.uri = job_uri(bucket, team, job.job_id)  # s3://, an Azure container URL, cos://
         self.run: Running | None = None
         self.scratch: Path | None = None  # the attempt's own scratch directory (image and code jobs), removed after
         self.stop_asked = False
 
     @property
     def records(self) -> RecordStore:
-        return RecordStore.of_bucket(self.bucket, index=False)  # the bridge keeps the index (records.py)
+        # the job's team's records; the bridge keeps the index (records.py)
+        return RecordStore.of_bucket(self.bucket, self.team, index=False)
 
     def rdzv(self) -> str:
         first = client.hostnames(self.slurm["nodelist"])[0] if self.slurm["nnodes"] > 1 else "localhost"
@@ -281,6 +276,7 @@ def parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m trainer task", description="One node's part of a job under Slurm (the "
                        "batch script runs it through srun).")
     p.add_argument("--bucket", required=True, help="the stack's bucket")
+    p.add_argument("--team", help="the job's team, its Slurm account (default: the default team)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs of this node the job gets")
     p.add_argument("--spec", required=True, help="the job's spec and first attempt, base64 JSON")
     p.add_argument("--work-dir", default=os.environ.get("GPUFLEET_WORK_DIR", "/var/lib/gpufleet"),
@@ -304,6 +300,6 @@ def main(argv: list[str]) -> int:
     work_dir = Path(args.work_dir) / "nodes" / slurm["node"]
     log.info("job %s: attempt %d, node %s (rank %d of %d)", job.job_id, attempt, slurm["node"],
              slurm["node_rank"], slurm["nnodes"])
-    task = Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log)
+    task = Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log, team=args.team)
     signal.signal(signal.SIGTERM, task.stop)  # Slurm's stop, forwarded by srun
     return task()

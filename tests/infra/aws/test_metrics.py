@@ -76,7 +76,7 @@ def controller_emitted(built, tmp_path) -> set[tuple[str, str, frozenset]]:
     settings.write_text(json.dumps(built.controller_file("/etc/gpufleet/controller.json")))
     namespace = bridge.metric_namespace(None, str(settings))
     emf = tmp_path / "controller-metrics.log"
-    b = bridge.Bridge(None, None, batch.Site("b", "python", "/tmp"), clock=lambda: 1.8e9,
+    b = bridge.Bridge(None, lambda team: None, batch.Site("b", "python", "/tmp"), clock=lambda: 1.8e9,
                       emitter=bridge.gauge_emitter(str(emf), namespace, "controller"))
     b.listed = [SlurmJob(id="7", array_job_id=None, array_task_id=None, name="x", comment="", state="PENDING",
                          reason="Resources", description="", exit_code=0, restarts=0, nodes=(), user="u",

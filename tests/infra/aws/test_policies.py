@@ -7,6 +7,7 @@ import pytest
 
 from infra.aws import network, policies, registry
 from tests.infra.aws.harness import assert_least_privilege
+from trainer.jobs.layout import team_prefix
 
 ACCOUNT = "123456789012"
 BUCKET = "arn:aws:s3:::gpufleet-dev-data-abc"
@@ -60,7 +61,7 @@ def test_node_policy_is_least_privilege_and_scoped():
     doc = node_policy()
     assert_least_privilege(doc, "gpufleet/dev")
     resources = {r for st in doc["Statement"] for r in _list(st["Resource"])}
-    assert resources == {BUCKET, f"{BUCKET}/*", f"{BUCKET}/jobs/*", f"{BUCKET}/jobs-index/*", KEY, LOGS,
+    assert resources == {BUCKET, f"{BUCKET}/*", f"{BUCKET}/teams/*/jobs/*", f"{BUCKET}/teams/*/jobs-index/*", KEY, LOGS,
                          f"{LOGS}:*", PARAMETERS, MUNGE, JOB_ROLE, "*"}
     assert PARAMETERS == "arn:aws:ssm:eu-west-1:123456789012:parameter/gpufleet/dev/*"
     # a node reads the munge key; it launches, tags, terminates nothing and never touches the queue
@@ -333,29 +334,91 @@ def test_a_node_writes_only_under_the_job_prefixes_and_never_touches_code_bundle
     """Finding 5 of issue 23: a job could overwrite any object of the bucket, a content-addressed code bundle of
     another job included."""
     doc = node_policy()
-    bundle = f"{BUCKET}/code/0f3a9c.tar.gz"
-    assert _allows(doc, "s3:GetObject", bundle) and _allows(doc, "s3:GetObject", f"{BUCKET}/datasets/shard-0")
-    for action in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"):
-        assert not _allows(doc, action, bundle), action
-        assert not _allows(doc, action, f"{BUCKET}/datasets/shard-0"), action
-    for key in ("jobs/j1/record.json", "jobs/j1/step-100/manifest.json", "jobs/j1/logs/1/node-0/00000000.log",
-                "jobs-index/07.json"):
-        assert _allows(doc, "s3:PutObject", f"{BUCKET}/{key}"), key
-    assert _allows(doc, "s3:DeleteObject", f"{BUCKET}/jobs/j1/step-100/model.pt")
-    assert not _allows(doc, "s3:DeleteObject", f"{BUCKET}/jobs-index/07.json")
+    for team in ("vision", "nlp"):
+        bundle, data = f"{BUCKET}/teams/{team}/code/0f3a9c.tar.gz", f"{BUCKET}/teams/{team}/data/shard-0"
+        assert _allows(doc, "s3:GetObject", bundle) and _allows(doc, "s3:GetObject", data)
+        for action in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"):
+            assert not _allows(doc, action, bundle), action
+            assert not _allows(doc, action, data), action
+        for key in ("jobs/j1/record.json", "jobs/j1/step-100/manifest.json", "jobs/j1/logs/1/node-0/00000000.log",
+                    "jobs-index/07.json"):
+            assert _allows(doc, "s3:PutObject", f"{BUCKET}/teams/{team}/{key}"), key
+        assert _allows(doc, "s3:DeleteObject", f"{BUCKET}/teams/{team}/jobs/j1/step-100/model.pt")
+        assert not _allows(doc, "s3:DeleteObject", f"{BUCKET}/teams/{team}/jobs-index/07.json")
+    # the layout before teams (jobs/ at the bucket's root) is no longer written
+    for key in ("jobs/j1/record.json", "jobs-index/07.json"):
+        assert not _allows(doc, "s3:PutObject", f"{BUCKET}/{key}"), key
 
 
 def test_the_node_write_prefixes_are_where_the_trainer_writes():
     """The keys a node writes (records, checkpoints, log chunks, the index) fall under NODE_WRITES; code bundles
     (which a node only reads) do not."""
     from trainer.jobs import bundle, logs, records
-    from trainer.slurm.task import default_checkpoint_uri
+    from trainer.jobs.layout import job_uri
 
     written = [records.record_key("j1"), records.index_key("j1"), logs.chunk_key("j1", 1, "gpu-1", 0),
-               default_checkpoint_uri("b", "j1").removeprefix("s3://b/") + "step-1/manifest.json"]
-    for key in written:
-        assert key.startswith(policies.NODE_WRITES), key
-    assert not f"{bundle.PREFIX}0f3a9c.tar.gz".startswith(policies.NODE_WRITES)
+               job_uri("b", "vision", "j1").removeprefix("s3://b/") + "step-1/manifest.json"]
+    for key in map(_in_team, written):
+        assert _under(key, policies.NODE_WRITES), key
+    assert not _under(_in_team(f"{bundle.PREFIX}0f3a9c.tar.gz"), policies.NODE_WRITES)
+
+
+def _in_team(key: str) -> str:
+    """A trainer key in the bucket: the trainer's own where it names the team (teams/<team>/...), else a key
+    relative to a team's prefix, put under team vision's."""
+    return key if key.startswith("teams/") else f"{team_prefix('vision')}{key}"
+
+
+def _under(key: str, prefixes) -> bool:
+    """``key`` is under one of ``prefixes`` (IAM patterns: ``teams/*/jobs/``)."""
+    return any(fnmatchcase(key, f"{prefix}*") for prefix in prefixes)
+
+
+# --- a team's submit role (issue 23: every team's things live under teams/<team>/) ---------------------------
+
+def submit_policy(team: str) -> dict:
+    return policies.submit_policy(BUCKET, KEY, QUEUE, DLQ, "eu-west-1", team=team)
+
+
+def _s3_resources(doc: dict) -> set[str]:
+    return {r for st in doc["Statement"] if any(a.startswith("s3:") for a in _list(st["Action"]))
+            for r in _list(st["Resource"])}
+
+
+def test_a_teams_submit_role_reaches_only_its_teams_prefix():
+    doc = submit_policy("vision")
+    assert_least_privilege(doc, "none")
+    assert _s3_resources(doc) == {BUCKET, f"{BUCKET}/teams/vision/jobs/*", f"{BUCKET}/teams/vision/jobs-index/*",
+                                  f"{BUCKET}/teams/vision/code/*"}
+    for key in ("jobs/j1/record.json", "code/0f3a9c.tar.gz"):
+        assert _allows(doc, "s3:PutObject", f"{BUCKET}/teams/vision/{key}"), key
+    for key in ("jobs/j1/record.json", "jobs/j1/logs/1/gpu-1/00000000.log", "jobs-index/07.json", "code/0f3a9c.tar.gz"):
+        assert _allows(doc, "s3:GetObject", f"{BUCKET}/teams/vision/{key}"), key
+    # not another team's, not the bucket root's jobs/ (the layout before teams), not a team's data; no delete
+    for key in ("teams/nlp/jobs/j1/record.json", "teams/nlp/jobs-index/07.json", "teams/nlp/code/0f3a9c.tar.gz",
+                "teams/vision2/jobs/j1/record.json", "jobs/j1/record.json", "jobs-index/07.json",
+                "code/0f3a9c.tar.gz", "teams/vision/data/shard-0"):
+        for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+            assert not _allows(doc, action, f"{BUCKET}/{key}"), (action, key)
+    assert not _allows(doc, "s3:PutObject", f"{BUCKET}/teams/vision/jobs-index/07.json")  # the bridge keeps it
+
+
+def test_a_teams_submit_role_lists_only_under_its_teams_prefix():
+    doc = submit_policy("nlp")
+    (listing,) = _statements_with(doc, "s3:ListBucket")
+    assert listing == {"Sid": "ListTeamPrefix", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": BUCKET,
+                       "Condition": {"StringLike": {"s3:prefix": "teams/nlp/*"}}}
+    allowed = listing["Condition"]["StringLike"]["s3:prefix"]
+    assert fnmatchcase("teams/nlp/jobs-index/", allowed) and fnmatchcase("teams/nlp/jobs/j1/logs/", allowed)
+    for prefix in ("", "jobs/", "jobs-index/", "teams/", "teams/vision/", "teams/nlp2/"):
+        assert not fnmatchcase(prefix, allowed), prefix
+    (location,) = _statements_with(doc, "s3:GetBucketLocation")
+    assert (location["Resource"], "Condition" in location) == (BUCKET, False)
+
+
+def test_two_teams_submit_roles_share_no_object():
+    vision, nlp = _s3_resources(submit_policy("vision")) - {BUCKET}, _s3_resources(submit_policy("nlp")) - {BUCKET}
+    assert not [(a, b) for a in vision for b in nlp if fnmatchcase(a, b) or fnmatchcase(b, a)]
 
 
 # --- the job role (issue 23: jobs stop holding the node role) -------------------------------------------------
@@ -383,7 +446,7 @@ def test_the_job_role_is_the_ceiling_a_jobs_session_narrows():
     allows = [st for st in doc["Statement"] if st["Effect"] == "Allow"]
     assert all("*" not in a for st in allows for a in _list(st["Action"]))
     assert {r for st in allows for r in _list(st["Resource"])} == {
-        f"{BUCKET}/jobs/*", f"{BUCKET}/code/*", f"{BUCKET}/data/*", BUCKET, KEY, PARAMETERS}
+        f"{BUCKET}/teams/*/jobs/*", f"{BUCKET}/teams/*/code/*", f"{BUCKET}/teams/*/data/*", BUCKET, KEY, PARAMETERS}
     assert {a.split(":")[0] for a in _actions(doc)} == {"s3", "kms", "ssm"}
     assert _actions(doc) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
                              "s3:ListMultipartUploadParts", "s3:ListBucket", "s3:GetBucketLocation",
@@ -391,33 +454,48 @@ def test_the_job_role_is_the_ceiling_a_jobs_session_narrows():
 
 
 def test_a_job_writes_only_under_jobs_and_reads_code_and_data():
-    """The job role writes under jobs/ only (the session policy narrows that to jobs/<id>/); it reads code bundles
-    and data sets, writes neither, and never touches the record index, which the bridge keeps."""
+    """The job role writes under teams/*/jobs/ only (the session policy narrows that to teams/<team>/jobs/<id>/);
+    it reads code bundles and data sets, writes neither, and never touches the record index, which the bridge
+    keeps."""
     doc = job_role_policy()
     for key in ("jobs/j1/record.json", "jobs/j1/step-100/manifest.json", "jobs/j1/logs/1/node-0/00000000.log"):
         for action in policies.JOB_OBJECT_ACTIONS:
-            assert _allows(doc, action, f"{BUCKET}/{key}"), (action, key)
+            assert _allows(doc, action, f"{BUCKET}/teams/vision/{key}"), (action, key)
+            assert not _allows(doc, action, f"{BUCKET}/{key}"), (action, key)  # the layout before teams
     for key in ("code/0f3a9c.tar.gz", "data/shard-0"):
-        assert _allows(doc, "s3:GetObject", f"{BUCKET}/{key}"), key
+        assert _allows(doc, "s3:GetObject", f"{BUCKET}/teams/vision/{key}"), key
+        assert not _allows(doc, "s3:GetObject", f"{BUCKET}/{key}"), key
         for action in ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"):
-            assert not _allows(doc, action, f"{BUCKET}/{key}"), (action, key)
+            assert not _allows(doc, action, f"{BUCKET}/teams/vision/{key}"), (action, key)
     for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
-        assert not _allows(doc, action, f"{BUCKET}/jobs-index/07.json"), action
+        assert not _allows(doc, action, f"{BUCKET}/teams/vision/jobs-index/07.json"), action
         assert not _allows(doc, action, f"{BUCKET}/other/x"), action
-        assert not _allows(doc, action, "arn:aws:s3:::another-bucket/jobs/j1/record.json"), action
+        assert not _allows(doc, action, "arn:aws:s3:::another-bucket/teams/vision/jobs/j1/record.json"), action
     assert _allows(doc, "s3:ListBucket", BUCKET) and not _allows(doc, "s3:ListBucket", "arn:aws:s3:::another-bucket")
+
+
+def test_a_job_lists_only_under_the_prefixes_it_reads():
+    (listing,) = _statements_with(job_role_policy(), "s3:ListBucket")
+    assert listing == {"Sid": "ListJobAndTeamPrefixes", "Effect": "Allow", "Action": "s3:ListBucket",
+                       "Resource": BUCKET, "Condition": {"StringLike": {"s3:prefix": [
+                           "teams/*/jobs/*", "teams/*/code/*", "teams/*/data/*"]}}}
+    (location,) = _statements_with(job_role_policy(), "s3:GetBucketLocation")
+    assert (location["Resource"], "Condition" in location) == (BUCKET, False)
 
 
 def test_the_job_role_covers_what_a_jobs_session_policy_asks_for_its_own_prefix():
     """The daemon's session policy (trainer.clouds.aws_credentials) only narrows: what it allows a job on its own
-    prefix and on the shared read prefixes, the job role allows too."""
-    from trainer.clouds.aws_credentials import READ_PREFIXES, session_policy
+    prefix and on its team's read prefixes, the job role allows too."""
+    from trainer.clouds.aws_credentials import session_policy
 
-    assert tuple(READ_PREFIXES) == policies.JOB_READS
-    session = session_policy(BUCKET.removeprefix("arn:aws:s3:::"), "j1", "eu-west-1")
+    session = session_policy(BUCKET.removeprefix("arn:aws:s3:::"), "vision", "j1", "eu-west-1")
     (own,) = [st for st in session["Statement"] if st.get("Sid") == "OwnPrefix"]
+    assert own["Resource"] == f"{BUCKET}/teams/vision/jobs/j1/*"
     for action in _list(own["Action"]):
         assert _allows(job_role_policy(), action, own["Resource"].replace("*", "step-1/model.pt")), action
+    (reads,) = [st for st in session["Statement"] if st.get("Sid") == "ReadTeams"]
+    for resource in reads["Resource"]:
+        assert _allows(job_role_policy(), "s3:GetObject", resource.replace("*", "x.tar.gz")), resource
 
 
 @pytest.mark.parametrize("region, suffix", [("eu-west-1", "amazonaws.com"), ("cn-north-1", "amazonaws.com.cn")])

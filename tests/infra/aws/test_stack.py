@@ -430,10 +430,35 @@ def test_each_teams_submit_role_reaches_its_own_queues_only(built):
                        for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))
 
 
+def test_each_teams_submit_role_reaches_only_its_teams_prefix_in_the_bucket(dev):
+    """Issue 23: with two teams in config, each team's submit role names only teams/<team>/ in the bucket (not
+    the other team's, not the bucket root's jobs/ or code/), and lists only there."""
+    bucket_arn = f"arn:aws:s3:::{dev.outputs['bucket']}"
+    teams = dev.outputs["teams"]
+    assert teams == ["vision", "nlp"]
+    for team in teams:
+        doc = json.loads(dev.one(T["role_policy"], f"-submit-{team}-policy").inputs["policy"])
+        s3 = [st for st in doc["Statement"] if any(a.startswith("s3:") for a in _actions(st))]
+        objects = {r for st in s3 for r in _resources(st)} - {bucket_arn}
+        assert objects == {f"{bucket_arn}/teams/{team}/{p}*" for p in ("jobs/", "jobs-index/", "code/")}
+        assert [st["Condition"] for st in s3 if "s3:ListBucket" in _actions(st)] == [
+            {"StringLike": {"s3:prefix": f"teams/{team}/*"}}]
+        others = [f"{bucket_arn}/teams/{other}/" for other in teams if other != team]
+        assert not [r for r in objects if r.startswith((*others, f"{bucket_arn}/jobs", f"{bucket_arn}/code"))]
+
+
 # --- identity -----------------------------------------------------------------------------------
 
+def _actions(st: dict) -> list[str]:
+    return [st["Action"]] if isinstance(st["Action"], str) else st["Action"]
+
+
+def _resources(st: dict) -> list[str]:
+    return [st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"]
+
+
 def _policy_resources(doc: dict) -> set[str]:
-    return {r for st in doc["Statement"] for r in ([st["Resource"]] if isinstance(st["Resource"], str) else st["Resource"])}
+    return {r for st in doc["Statement"] for r in _resources(st)}
 
 
 def test_node_identity_is_least_privilege_and_ssm_only(built):
@@ -451,8 +476,8 @@ def test_node_identity_is_least_privilege_and_ssm_only(built):
     repositories = {built.one(T["repo"]).state["arn"]} | {
         f"arn:aws:ecr:{built.cfg.region}:{ACCOUNT}:repository/{rule.prefix}/*" for rule in built.cfg.pull_through}
     secrets = f"arn:aws:ssm:{built.cfg.region}:{ACCOUNT}:parameter/gpufleet/{built.cfg.stack}/*"
-    assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", bucket_arn + "/jobs/*",
-                                              bucket_arn + "/jobs-index/*", built.outputs["kmsKey"], secrets,
+    assert _policy_resources(doc) - {"*"} == {bucket_arn, bucket_arn + "/*", bucket_arn + "/teams/*/jobs/*",
+                                              bucket_arn + "/teams/*/jobs-index/*", built.outputs["kmsKey"], secrets,
                                               log_arn, log_arn + ":*", built.outputs["mungeKeySecret"],
                                               built.outputs["jobRole"]} | repositories
     (sm,) = [st for st in doc["Statement"] if st.get("Sid") == "SessionManager"]
@@ -789,6 +814,9 @@ def test_outputs(built):
         assert o[key], key
     assert o["region"] == built.cfg.region
     assert o["queueUrl"].startswith(f"https://sqs.{built.cfg.region}.amazonaws.com/")
+    # issue 23: a job's things under its team's prefix; the teams in config order (the first: the stack's queue's)
+    assert o["checkpointUriTemplate"] == f"s3://{o['bucket']}/teams/<team>/jobs/<job_id>/"
+    assert o["teams"] == [t.name for t in built.cfg.teams] == list(o["teamQueues"])
 
 
 def test_existing_network_is_used_as_given():

@@ -604,8 +604,16 @@ def test_outputs_name_what_users_and_the_cluster_need(azure_run):
     assert (out["resourceGroup"], out["nodesResourceGroup"]) == ("gpufleet-azure", "gpufleet-azure-nodes")
     assert out["partitions"] == ["gpu"] and out["controllerAddress"] == derive.CONTROLLER_IP
     assert out["sharedFileShares"] == {"home": "home", "slurm-state": "slurm-state"}
+    assert out["checkpointUriTemplate"] == f"{out['containerUrl']}/teams/<team>/jobs/<job_id>/"
+    assert out["teams"] == ["default"]  # no gpufleet:teams in Pulumi.azure.yaml: the one default team
     for key in ("controller", "controllerId", "controllerIdentityClientId", "controllerIdentityPrincipalId",
                 "identityClientId", "mungeKeySecret",
                 "mungeKeySecretId", "sharedFilesAccount", "homeShare", "registry", "keyVault", "actionGroup"):
         assert out[key], key
     assert "vmssName" not in out and "autoscaleSetting" not in out
+
+
+def test_the_teams_output_is_the_configs_teams_in_order():
+    """The trainer's commands take outputs["teams"][0] as the team of the stack's one queue."""
+    teams = [{"name": "speech", "fairShare": 2}, {"name": "nlp"}]
+    assert run_stack(azure_config(teams=teams)).outputs["teams"] == ["speech", "nlp"]

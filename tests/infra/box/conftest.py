@@ -64,23 +64,26 @@ class Box:
             assert done.returncode == 0, done.stderr
         return done.stdout
 
-    def records(self):
+    def records(self, team: str | None = None):
+        """A team's records (default: the box's first team, whose queue `jobs submit --stack box` sends to)."""
         from trainer.clouds.s3store import S3Store
+        from trainer.jobs.layout import team_prefix
         from trainer.jobs.records import RecordStore
 
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=self.state["endpoint"], region_name=self.state["region"],
                           aws_access_key_id="box", aws_secret_access_key="box")
-        return RecordStore(S3Store(self.state["bucket"], "", client=s3))
+        team = team or next(t for t, url in self.state["team_queues"].items() if url == self.state["queue_url"])
+        return RecordStore(S3Store(self.state["bucket"], team_prefix(team), client=s3))
 
-    def record(self, job_id: str) -> dict:
-        return self.records().get(job_id)
+    def record(self, job_id: str, team: str | None = None) -> dict:
+        return self.records(team).get(job_id)
 
-    def wait_state(self, job_id: str, *states: str, timeout_s: float = 240) -> dict:
+    def wait_state(self, job_id: str, *states: str, timeout_s: float = 240, team: str | None = None) -> dict:
         def reached():
             try:
-                rec = self.record(job_id)
+                rec = self.record(job_id, team)
             except Exception:
                 return None
             return rec if rec["state"] in states else None

@@ -125,11 +125,13 @@ def test_a_two_node_job_runs_on_both_nodes_and_ships_both_outputs_and_its_metric
     assert sum("step 4/4" in text for text in out.values()) == 1  # the trainer prints its steps on global rank 0
 
 
-def test_a_job_submitted_with_sbatch_is_in_jobs_list(box):
-    job = box.slurm("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "echo direct").strip()
-    rec = box.wait_state(f"slurm-{job}", "succeeded")
+def test_a_job_submitted_with_sbatch_is_in_its_teams_jobs_list(box):
+    """A job a team member submits with sbatch under the team's account is among that team's jobs."""
+    job = box.slurm("sbatch", "--parsable", "--account=nlp", "-o", "/dev/null", "--wrap", "echo direct").strip()
+    rec = box.wait_state(f"slurm-{job}", "succeeded", team="nlp")
     assert rec["kind"] == "sbatch" and rec["spec"]["name"] == "wrap" and rec["slurm"]["id"] == job
-    listed = box.jobs("list", "--format", "json")
+    assert f"slurm-{job}" not in {r["job_id"] for r in box.records("vision").all()}  # not vision's
+    listed = box.jobs("list", "--team", "nlp", "--format", "json")
     assert listed.returncode == 0, listed.stderr
     row = next(r for r in json.loads(listed.stdout) if r["job_id"] == f"slurm-{job}")
     assert row["state"] == "succeeded" and row["kind"] == "sbatch"
@@ -164,34 +166,38 @@ def test_each_team_is_an_account_with_its_fair_share_and_its_gpu_limit(box):
              120, "the teams' jobs gone")
 
 
-def test_a_job_runs_under_the_team_of_its_queue_and_another_teams_queue_cannot_take_it_over(box):
+def test_a_job_runs_under_the_team_of_its_queue_and_the_same_id_from_another_team_is_another_job(box):
     """Each team of Pulumi.dev.yaml has its queue (in AWS only its submit role may send to it: tests/infra/aws): a
-    job sent through nlp's runs under Slurm account nlp whatever its body says; vision's queue naming nlp's job
-    (to run its own code on nlp's checkpoints) is dead-lettered at once and nlp's record is left as it was."""
+    job sent through nlp's runs under Slurm account nlp, its record, logs and checkpoints under teams/nlp/; vision
+    sending the same id (to run its own code on nlp's checkpoints, finding 6) runs vision's own job under vision's
+    account and prefix, and nlp's record and checkpoints are left as they were."""
     import boto3
 
     sqs = boto3.client("sqs", endpoint_url=box.state["endpoint"], region_name=box.state["region"],
                        aws_access_key_id="box", aws_secret_access_key="box")
+    s3 = boto3.client("s3", endpoint_url=box.state["endpoint"], region_name=box.state["region"],
+                      aws_access_key_id="box", aws_secret_access_key="box")
     assert set(box.state["team_queues"]) == {"vision", "nlp"}
-    spec = {"spec": 1, "job_id": "nlp-owned", "kind": "trainer", "args": [*TINY, "--steps", "2"]}
+    spec = {"spec": 1, "job_id": "shared-id", "kind": "trainer", "args": [*TINY, "--steps", "2"]}
     sqs.send_message(QueueUrl=box.state["team_queues"]["nlp"], MessageBody=json.dumps(spec))
-    rec = box.wait_state("nlp-owned", "succeeded", "failed")
+    rec = box.wait_state("shared-id", "succeeded", "failed", team="nlp")
     assert (rec["state"], rec["team"]) == ("succeeded", "nlp"), rec
+
+    def keys(team: str) -> set[str]:
+        listed = s3.list_objects_v2(Bucket=box.state["bucket"], Prefix=f"teams/{team}/jobs/shared-id/")
+        return {o["Key"] for o in listed.get("Contents", [])}
+
+    theirs = keys("nlp")
+    assert any("/step-000000002/" in k for k in theirs) and any("/logs/1/" in k for k in theirs)
     accounts = box.slurm("sacct", "-X", "-n", "-P", "-o", "Account", "-j", rec["slurm"]["id"]).split()
     assert accounts == ["nlp"]
     hostile = {**spec, "args": [*TINY, "--steps", "3"]}
     sqs.send_message(QueueUrl=box.state["team_queues"]["vision"], MessageBody=json.dumps(hostile))
-    dead = box.state["team_dead_letters"]["vision"]
-    got = wait_for(lambda: sqs.receive_message(QueueUrl=dead, WaitTimeSeconds=1,
-                                               MessageAttributeNames=["All"]).get("Messages"), 60, "the dead letter")
-    assert json.loads(got[0]["Body"])["args"][-1] == "3"
-    assert got[0]["MessageAttributes"]["gpufleet-reason"]["StringValue"] == (
-        "invalid job: job nlp-owned is team nlp's; a message through team vision's queue cannot submit it (pick "
-        "another job id)")
-    sqs.delete_message(QueueUrl=dead, ReceiptHandle=got[0]["ReceiptHandle"])  # the queue as the next test finds it
-    after = box.record("nlp-owned")
-    assert (after["state"], after["team"], after["spec"], after["slurm"], len(after["attempts"])) == (
-        "succeeded", "nlp", rec["spec"], rec["slurm"], 1)
+    own = box.wait_state("shared-id", "succeeded", "failed", team="vision")
+    assert (own["state"], own["team"], len(own["attempts"])) == ("succeeded", "vision", 1), own
+    assert box.slurm("sacct", "-X", "-n", "-P", "-o", "Account", "-j", own["slurm"]["id"]).split() == ["vision"]
+    assert box.record("shared-id", "nlp") == rec and keys("nlp") == theirs  # nlp's job untouched
+    assert any("/step-000000003/" in k for k in keys("vision"))  # vision's 3 steps, in its own prefix
 
 
 HOSTILE_CREDENTIALS = """import json, os, urllib.error, urllib.request
@@ -233,10 +239,10 @@ def test_a_job_holds_credentials_of_its_own_and_a_forged_claim_gets_none_of_anot
              30, "the Epilog to revoke the grant")
     claim = batch.encode({"spec": rec["spec"], "first_attempt": 1})
     forged = box.slurm("sbatch", "--parsable", "-o", "/dev/null", input=f"#!/bin/bash\nspec={claim}\ntrue\n").strip()
-    box.wait_state(f"slurm-{forged}", "succeeded", "failed")
+    box.wait_state(f"slurm-{forged}", "succeeded", "failed", team="root")  # the mirror, of its account (root's)
     log = (box.dir / "slurm" / "log" / "credentials.log").read_text()
-    assert f"Slurm job {forged} is job slurm-{forged}: granted" in log
-    assert f"Slurm job {sid} is job creds-own: granted" in log
+    assert f"Slurm job {forged} is job slurm-{forged} of team root: granted" in log
+    assert f"Slurm job {sid} is job creds-own of team vision: granted" in log
 
 
 def test_cancel_stops_a_running_job_and_a_queued_one_never_runs(box, tmp_path):
@@ -459,19 +465,19 @@ def test_the_bridge_killed_at_any_point_loses_no_job_and_submits_none_twice(box,
 
     def crashing_at(point: str) -> bridge.Bridge:
         if point == "sbatch":
-            return bridge.Bridge(queue, box.records(), site, slurm=SlurmThenCrash())
-        return bridge.Bridge(QueueThatCrashesOnDelete(), box.records(), site)
+            return bridge.Bridge(queue, box.records, site, slurm=SlurmThenCrash())
+        return bridge.Bridge(QueueThatCrashesOnDelete(), box.records, site)
 
     for point in ("sbatch", "delete"):
         job = Job(f"crash-{point}", args=tuple(TINY) + ("--steps", "2"))
-        box.records().create(job.to_dict())
+        box.records("default").create(job.to_dict())  # a bridge of no account: the default team's
         queue.send(job.to_json())
         with pytest.raises(Crash):
             crashed = crashing_at(point)
             while True:
                 crashed.step()
-        fresh = bridge.Bridge(queue, box.records(), site)
-        wait_for(lambda: (fresh.step(), box.record(job.job_id)["state"] == "succeeded")[1], 120,
+        fresh = bridge.Bridge(queue, box.records, site)
+        wait_for(lambda: (fresh.step(), box.record(job.job_id, "default")["state"] == "succeeded")[1], 120,
                  f"{job.job_id} done after a crash at {point}")
         comments = [j for j in client.jobs() if j.name == f"gpufleet.{job.job_id}"]
         assert len(comments) == 1, comments  # submitted once

@@ -40,7 +40,7 @@ class Cluster(pulumi.ComponentResource):
                                                     "Principal": {"Service": "ec2.amazonaws.com"}}]}), opts=child)
         aws.iam.RolePolicy(f"{name}-node", role=role.name, opts=child, policy=pulumi.Output.all(
             storage.bucket.arn, self.queue.arn).apply(lambda a: json.dumps({"Version": "2012-10-17", "Statement": [
-                {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"{a[0]}/jobs/*"},
+                {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"], "Resource": f"{a[0]}/teams/*/jobs/*"},
                 {"Effect": "Allow", "Action": ["sqs:ReceiveMessage"], "Resource": a[1]}]})))
         profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, opts=child)
         ami = aws.ec2.get_ami_output(most_recent=True, owners=list(cfg.image.owners),

@@ -531,9 +531,16 @@ def test_outputs_name_what_users_and_operators_need(tencent_run):
                 "subnetIds", "controllerSubnet", "nodeSecurityGroup", "controllerSecurityGroup", "logTopic",
                 "alertGroup", "budget", "kmsKey", "image"):
         assert out[key], key
-    assert out["checkpointUriTemplate"] == f"cos://{out['bucket']}/jobs/<job_id>/"
+    assert out["checkpointUriTemplate"] == f"cos://{out['bucket']}/teams/<team>/jobs/<job_id>/"
+    assert out["teams"] == ["default"]  # no gpufleet:teams in Pulumi.tencent.yaml: the one default team
     assert out["cosEndpoint"] == "https://cos.ap-shanghai.myqcloud.com"
     assert out["partitions"] == ["gpu"] and out["controllerAddress"] == derive.CONTROLLER_IP
     assert out["alertGroup"] == "gpufleet-tencent-alerts" and out["mungeKeySecret"] == "gpufleet-tencent-munge"
     assert len(out["subnetIds"]) == 3 and out["vpcId"].startswith("vpc-")
     assert out["sharedFileSystem"].startswith("cfs-") and out["launchTemplates"]["gpu"].startswith("lt-")
+
+
+def test_the_teams_output_is_the_configs_teams_in_order():
+    """The trainer's commands take outputs["teams"][0] as the team of the stack's one queue."""
+    teams = [{"name": "speech", "fairShare": 2}, {"name": "nlp"}]
+    assert run_stack(tencent_config(teams=teams)).outputs["teams"] == ["speech", "nlp"]

@@ -140,13 +140,14 @@ def test_sharded_checkpoints_resume_exactly_from_blob(env, tmp_path, monkeypatch
 
 def test_code_bundles_go_to_the_checkpoints_container_once(env, tmp_path):
     from trainer.jobs import bundle
+    from trainer.jobs.layout import team_base
 
     work = tmp_path / "proj"
     work.mkdir()
     (work / "train.py").write_text(f"print({uuid.uuid4().hex!r})\n")
     packed = bundle.pack(work)
-    uri, sent = bundle.upload(packed, "az://checkpoints")
-    assert (uri, sent) == (f"az://checkpoints/code/{packed.sha256}.tar.gz", True)
-    assert bundle.upload(bundle.pack(work), "az://checkpoints") == (uri, False)
+    uri, sent = bundle.upload(packed, team_base("az://checkpoints", "nlp"))
+    assert (uri, sent) == (f"az://checkpoints/teams/nlp/code/{packed.sha256}.tar.gz", True)
+    assert bundle.upload(bundle.pack(work), team_base("az://checkpoints", "nlp")) == (uri, False)
     unpacked = bundle.unpack(bundle.fetch(uri, tmp_path / "cache"), tmp_path / "code")
     assert (unpacked / "train.py").read_text() == (work / "train.py").read_text()

@@ -244,8 +244,8 @@ def test_a_jobs_task_writes_no_index_and_the_bridge_copies_its_running_progress_
     running = SlurmJob(id="41", array_job_id=None, array_task_id=None, name="run1", comment=batch.COMMENT_PREFIX,
                        state="RUNNING", reason="None", description="", exit_code=0, restarts=0, nodes=("n",),
                        user="u", partition="gpu", submit_time=None, start_time=None, end_time=None, tasks=1)
-    bridge = Bridge(None, bridge_side, batch.Site("b", "python", "/tmp"), clock=clock)
-    bridge.known["41"] = "run1"
+    bridge = Bridge(None, lambda team: bridge_side, batch.Site("b", "python", "/tmp"), clock=clock)
+    bridge.known["41"] = ("default", "run1")
     clock.now += 30
     bridge.index_progress([running])
     assert bridge_side.all()[0]["progress"]["step"] == 7

@@ -119,7 +119,7 @@ def test_workdir_is_uploaded_once_by_content(queue, tmp_path):
     assert "already there, not uploaded again" in second.stdout
     (one, two) = received(sqs, url)
     assert {**one, "job_id": "c2"} == two and one["kind"] == "code" and one["command"] == ["python", "train.py"] and one["env"] == {"A": "1"}
-    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix="code/")["Contents"]]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt", Prefix="teams/default/code/")["Contents"]]
     assert keys == [one["code"].removeprefix("s3://ckpt/")]
     body = boto3.client("s3").get_object(Bucket="ckpt", Key=keys[0])["Body"].read()
     assert sorted(tarfile.open(fileobj=io.BytesIO(body)).getnames()) == [".gpufleetignore", "pkg/m.py", "train.py"]
@@ -133,7 +133,7 @@ def test_a_finished_jobs_id_is_refused_unless_a_new_attempt_is_asked_for(queue):
     sqs, url = queue
     argv = ["--queue-url", url, "--bucket", "ckpt", "--job-id", "done1", "--", "--steps", "5"]
     assert submit(*argv).returncode == 0
-    book = RecordStore.of_bucket("ckpt")
+    book = RecordStore.of_bucket("ckpt", None)
     book.update("done1", lambda r: end(claim(r, {"node": "n1", "gpus": 1}, 1.0), "succeeded", 0, None, 2.0))
     before = book.get("done1")
     refused = submit(*argv[:-1], "9")
@@ -149,9 +149,11 @@ def test_a_finished_jobs_id_is_refused_unless_a_new_attempt_is_asked_for(queue):
     assert [m["args"] for m in received(sqs, url)] == [["--steps", "9"]]
 
 
-def test_another_teams_job_id_is_refused_before_anything_is_written_or_sent(queue, tmp_path, monkeypatch):
-    # issue 23, finding 6: team B's submit of an id team A used wiped A's record (and, with --again, its team, so
-    # B's message would have been taken as the job's): the box's two teams, their queues in moto
+def test_the_same_job_id_in_two_teams_is_two_jobs_and_neither_touches_the_other(queue, tmp_path, monkeypatch):
+    # issue 23, finding 6: team B's submit of an id team A used wiped A's record, and B's job restored A's weights
+    # (its checkpoints were under the id): each team's jobs are under its own prefix now (the box's two teams,
+    # their queues in moto)
+    from trainer.jobs.commands import Target, checkpoint_uri
     from trainer.jobs.records import RecordStore, claim, end
 
     sqs, vision = queue
@@ -162,17 +164,23 @@ def test_another_teams_job_id_is_refused_before_anything_is_written_or_sent(queu
     monkeypatch.setenv("GPUFLEET_BOX_DIR", str(tmp_path))
     argv = ["--stack", "box", "--job-id", "shared", "--", "--steps", "5"]
     assert submit(*argv).returncode == 0  # no --team: the stack's first queue, vision's
-    book = RecordStore.of_bucket("ckpt")
-    book.update("shared", lambda r: {**end(claim(r, {"node": "n1", "gpus": 1}, 1.0), "succeeded", 0, None, 2.0),
-                                     "team": "vision"})  # as the bridge keeps it
-    before = book.get("shared")
-    refused = submit("--team", "nlp", "--again", *argv)
-    assert (refused.returncode, refused.stderr.splitlines()[-1:]) == (
-        2, ["error: --job-id: job shared is team vision's; choose another id"])
-    assert book.get("shared") == before and received(sqs, nlp) == [] and len(received(sqs, vision)) == 1
-    again = submit("--again", *argv[:-1], "9")  # vision's new attempt keeps the job vision's
-    assert again.returncode == 0, again.stderr
-    assert book.get("shared")["team"] == "vision" and [m["args"] for m in received(sqs, vision)] == [["--steps", "9"]]
+    visions = RecordStore.of_bucket("ckpt", "vision")
+    visions.update("shared", lambda r: end(claim(r, {"node": "n1", "gpus": 1}, 1.0), "succeeded", 0, None, 2.0))
+    before = visions.get("shared")
+    theirs = submit("--team", "nlp", *argv[:-1], "7")  # no --again: nlp has no job of that id
+    assert theirs.returncode == 0, theirs.stderr
+    assert visions.get("shared") == before and len(received(sqs, vision)) == 1
+    nlps = RecordStore.of_bucket("ckpt", "nlp").get("shared")
+    assert (nlps["state"], nlps["attempts"], nlps["spec"]["args"]) == ("queued", [], ["--steps", "7"])
+    assert [m["args"] for m in received(sqs, nlp)] == [["--steps", "7"]]
+    assert checkpoint_uri(Target("ckpt", team="nlp"), nlps) == "s3://ckpt/teams/nlp/jobs/shared/"
+    assert checkpoint_uri(Target("ckpt", team="vision"), before) == "s3://ckpt/teams/vision/jobs/shared/"
+    refused = submit("--team", "nlp", *argv)  # within a team an id is still not reused
+    assert (refused.returncode, refused.stderr.splitlines()[-1:]) == (2, [
+        "error: --job-id: job shared exists and is queued; choose another id (or `gpufleet jobs cancel` it first)"])
+    bad = submit("--team", "../vision", "--queue-url", nlp, "--bucket", "ckpt", "--", "--steps", "1")
+    assert (bad.returncode, bad.stderr.splitlines()[-1:]) == (2, [
+        "error: team '../vision' is not a team name (1-15 lowercase letters and digits, starting with a letter)"])
 
 
 def test_image_job_is_sent_as_spec_1(queue):

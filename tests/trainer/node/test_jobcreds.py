@@ -15,7 +15,7 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -35,20 +35,23 @@ REPO = Path(__file__).resolve().parents[3]
 
 # --- the session policy ---------------------------------------------------------------------------------------
 
-def test_the_session_policy_writes_only_the_jobs_prefix_and_no_index_shard():
-    policy = session_policy("dev-bucket", "run1", "eu-west-1")
+def test_the_session_policy_writes_only_the_jobs_prefix_and_reads_only_its_teams():
+    policy = session_policy("dev-bucket", "vision", "run1", "eu-west-1")
     writes = [s for s in policy["Statement"] if "s3:PutObject" in s["Action"]]
-    assert [s["Resource"] for s in writes] == ["arn:aws:s3:::dev-bucket/jobs/run1/*"]
+    assert [s["Resource"] for s in writes] == ["arn:aws:s3:::dev-bucket/teams/vision/jobs/run1/*"]
     assert index_key("run1") not in json.dumps(policy)
     reads = {r for s in policy["Statement"] if s["Action"] == "s3:GetObject" for r in s["Resource"]}
-    assert reads == {"arn:aws:s3:::dev-bucket/code/*", "arn:aws:s3:::dev-bucket/data/*"}
+    assert reads == {"arn:aws:s3:::dev-bucket/teams/vision/code/*", "arn:aws:s3:::dev-bucket/teams/vision/data/*"}
     (listing,) = [s for s in policy["Statement"] if s["Action"] == "s3:ListBucket"]
-    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["jobs/run1/*", "code/*", "data/*"]
-    assert "arn:aws-cn:s3:::b/jobs/run1/*" in json.dumps(session_policy("b", "run1", "cn-north-1"))
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == [
+        "teams/vision/jobs/run1/*", "teams/vision/code/*", "teams/vision/data/*"]
+    assert "arn:aws-cn:s3:::b/teams/nlp/jobs/run1/*" in json.dumps(session_policy("b", "nlp", "run1", "cn-north-1"))
+    with pytest.raises(UsageError, match="not a team name"):  # never a path out of the teams' prefixes
+        session_policy("b", "../x", "run1", "eu-west-1")
 
 
-def test_the_longest_job_id_and_bucket_fit_stss_limit():
-    longest = packed(session_policy("b" * 63, "j" * 128, "cn-northwest-1"))
+def test_the_longest_team_job_id_and_bucket_fit_stss_limit():
+    longest = packed(session_policy("b" * 63, "t" * 15, "j" * 128, "cn-northwest-1"))
     assert len(longest) <= MAX_POLICY_CHARS
     with pytest.raises(ValueError, match="at most 2048"):
         packed({"Statement": ["x" * MAX_POLICY_CHARS]})
@@ -76,6 +79,7 @@ class SlurmJobStub:
     user: str
     array_job_id: int | None = None
     array_task_id: int | None = None
+    account: str = "vision"
 
 
 class FakeSlurm:
@@ -93,20 +97,26 @@ class FakeSlurm:
 
 @pytest.fixture
 def records(tmp_path):
-    return RecordStore(open_store(str(tmp_path / "bucket")))
+    """A team's records (what RecordStore.of_bucket gives on a node)."""
+    return lambda team: RecordStore(open_store(str(tmp_path / "bucket" / "teams" / team)))
 
 
-def _submitted(records, job_id: str, slurm_id: str | None):
-    records.create({"job_id": job_id, "kind": "trainer"})
+def _submitted(records, job_id: str, slurm_id: str | None, team: str = "default"):
+    records(team).create({"job_id": job_id, "kind": "trainer"})
     if slurm_id:
-        records.update(job_id, lambda r: {**r, "slurm": {"id": slurm_id}})
+        records(team).update(job_id, lambda r: {**r, "slurm": {"id": slurm_id}})
 
 
 def test_the_bridges_job_is_the_one_its_script_and_record_name(records):
     site = batch.Site(bucket="b", python="python3", output_dir="/o")
     script = batch.render([Job(job_id="run1", kind="trainer")], site, "m1")
     _submitted(records, "run1", "42")
-    assert job_of("42", "gpufleet", records, FakeSlurm(SlurmJobStub("42", "gpufleet"), script)) == "run1"
+    assert job_of("42", "gpufleet", records, FakeSlurm(SlurmJobStub("42", "gpufleet"), script)) == ("default", "run1")
+    # under a team's account: that team's job, from that team's records (the same id in another team's is another)
+    nlp = batch.render([Job(job_id="run1", kind="trainer")], replace(site, account="nlp"), "m2")
+    _submitted(records, "run1", "43", team="nlp")
+    assert job_of("43", "gpufleet", records, FakeSlurm(SlurmJobStub("43", "gpufleet", account="nlp"), nlp)) == (
+        "nlp", "run1")
 
 
 def test_a_script_claiming_another_jobs_spec_gets_its_own_mirror_prefix(records):
@@ -117,15 +127,21 @@ def test_a_script_claiming_another_jobs_spec_gets_its_own_mirror_prefix(records)
     forged = batch.render([Job(job_id="victim", kind="trainer")], site, "m1")
     naps = []
     assert job_of("99", "gpufleet", records, FakeSlurm(SlurmJobStub("99", "gpufleet"), forged), wait_s=1.0,
-                  sleep=naps.append) == "slurm-99"
+                  sleep=naps.append) == ("vision", "slurm-99")  # the mirror's team: its own account's
     assert naps  # it waited for the bridge before it decided
-    assert job_of("77", "alice", records, FakeSlurm(SlurmJobStub("77", "alice"), forged), wait_s=0) == "slurm-77"
+    assert job_of("77", "alice", records, FakeSlurm(SlurmJobStub("77", "alice"), forged), wait_s=0) == ("vision", "slurm-77")
     assert job_of("78", "gpufleet", records, FakeSlurm(SlurmJobStub("78", "gpufleet"), "#!/bin/sh\nhostname\n"),
-                  wait_s=0) == "slurm-78"
+                  wait_s=0) == ("vision", "slurm-78")
+    # a script naming another team's account and job: that team's record names another Slurm job
+    _submitted(records, "theirs", "60", team="nlp")
+    claims = batch.render([Job(job_id="theirs", kind="trainer")], replace(site, account="nlp"), "m3")
+    assert job_of("79", "gpufleet", records, FakeSlurm(SlurmJobStub("79", "gpufleet"), claims), wait_s=0) == (
+        "vision", "slurm-79")
     sweep = Job(job_id="s.lr-1", kind="trainer", array={"id": "s", "nonce": "ab12cd34", "index": 1, "count": 2})
     script = batch.render([Job(job_id="s.lr-0", kind="trainer"), sweep], site, "ab12cd34")
     _submitted(records, "s.lr-1", "50_1")
-    assert job_of("52", "gpufleet", records, FakeSlurm(SlurmJobStub("50_1", "gpufleet", 50, 1), script)) == "s.lr-1"
+    assert job_of("52", "gpufleet", records, FakeSlurm(SlurmJobStub("50_1", "gpufleet", 50, 1), script)) == (
+        "default", "s.lr-1")
     with pytest.raises(UsageError, match="slurmctld does not know it"):
         job_of("53", "gpufleet", records, FakeSlurm(None, ""))
 
@@ -148,7 +164,7 @@ def _mode(path: Path) -> int:
 @pytest.mark.skipif(os.geteuid() != 0, reason="owners and other users' reads need root")
 def test_a_token_is_its_jobs_users_alone_and_nothing_a_job_planted_is_followed(searchable_dir):
     d = searchable_dir / "credentials"
-    token = write_grant(d, "42", "run1", 65534, 65534)
+    token = write_grant(d, "42", "vision", "run1", 65534, 65534)
     assert (_mode(d / "grants"), _mode(d / "grants" / "42.json"), _mode(d / "tokens"), _mode(d / "tokens" / "42")) \
         == (0o700, 0o600, 0o711, 0o400)
     assert (d / "tokens" / "42").stat().st_uid == 65534 and (d / "grants" / "42.json").stat().st_uid == 0
@@ -159,18 +175,18 @@ def test_a_token_is_its_jobs_users_alone_and_nothing_a_job_planted_is_followed(s
                               capture_output=True, text=True)
 
     assert read_as(65534, d / "tokens" / "42").stdout == token
-    write_grant(d, "43", "run2", 65533, 65533)
+    write_grant(d, "43", "vision", "run2", 65533, 65533)
     assert read_as(65534, d / "tokens" / "43").returncode != 0      # another job's user's token
     assert read_as(65534, d / "grants" / "42.json").returncode != 0  # the grants are root's
     victim = searchable_dir / "victim"
     victim.write_text("intact")
     (d / "tokens" / "44").symlink_to(victim)                          # a link where the next token goes
-    write_grant(d, "44", "run3", 65534, 65534)
+    write_grant(d, "44", "vision", "run3", 65534, 65534)
     assert victim.read_text() == "intact" and not (d / "tokens" / "44").is_symlink()
     remove_grant(d, "42")
     assert read_grant(d, "42") is None and not (d / "tokens" / "42").exists()
     with pytest.raises(UsageError, match="expected digits"):
-        write_grant(d, "42/../x", "run1", 65534, 65534)
+        write_grant(d, "42/../x", "vision", "run1", 65534, 65534)
 
 
 # --- the endpoint -------------------------------------------------------------------------------------------------
@@ -179,9 +195,9 @@ class CountingIssuer:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def __call__(self, job_id, session):
-        self.calls.append((job_id, session))
-        return self.inner(job_id, session)
+    def __call__(self, team, job_id, session):
+        self.calls.append((team, job_id, session))
+        return self.inner(team, job_id, session)
 
 
 @pytest.fixture
@@ -206,14 +222,14 @@ def _job_process(url: str, token: str, code: str, moto: str) -> subprocess.Compl
 def test_a_jobs_process_holds_the_job_role_for_its_own_job_through_botocores_container_provider(endpoint, tmp_path,
                                                                                                moto_endpoint):
     url, broker, issuer = endpoint
-    token = write_grant(broker.dir, "42", "run1", os.getuid(), os.getgid())
+    token = write_grant(broker.dir, "42", "vision", "run1", os.getuid(), os.getgid())
     done = _job_process(url, token, "import boto3; s = boto3.Session(); c = s.get_credentials()\n"
                         "print(c.method); print(boto3.client('sts').get_caller_identity()['Arn'])\n"
                         "print(boto3.client('sts').get_caller_identity()['Arn'])", moto_endpoint)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["container-role", "arn:aws:sts::123456789012:assumed-role/dev-job/gpufleet-42"
                                         ] + ["arn:aws:sts::123456789012:assumed-role/dev-job/gpufleet-42"]
-    assert issuer.calls == [("run1", "42")]  # cached: one STS call for the job
+    assert issuer.calls == [("vision", "run1", "42")]  # cached: one STS call for the job
 
 
 def _get(url: str, token: str | None) -> int:
@@ -227,27 +243,27 @@ def _get(url: str, token: str | None) -> int:
 
 def test_no_token_a_forged_one_and_a_revoked_one_are_refused(endpoint):
     url, broker, issuer = endpoint
-    token = write_grant(broker.dir, "42", "run1", os.getuid(), os.getgid())
-    other = write_grant(broker.dir, "43", "run2", os.getuid(), os.getgid())
+    token = write_grant(broker.dir, "42", "vision", "run1", os.getuid(), os.getgid())
+    other = write_grant(broker.dir, "43", "vision", "run2", os.getuid(), os.getgid())
     forged = "43." + token.split(".", 1)[1]  # another job's number with this job's secret
     assert [_get(url, t) for t in (None, "", "42", "42.short", forged, token, other)] == [
         401, 401, 401, 401, 403, 200, 200]
     assert _get(url.replace(PATH, "/latest/meta-data/"), token) == 404
     remove_grant(broker.dir, "42")  # the Epilog: the job left the node
     assert _get(url, token) == 403
-    assert [c for c in issuer.calls] == [("run1", "42"), ("run2", "43")]
+    assert [c for c in issuer.calls] == [("vision", "run1", "42"), ("vision", "run2", "43")]
 
 
 def test_credentials_are_renewed_before_botocore_would_ask_again(tmp_path):
     now = [1000.0]
     calls = []
 
-    def issuer(job_id, session):
+    def issuer(team, job_id, session):
         calls.append(now[0])
         return {"AccessKeyId": f"A{len(calls)}"}, now[0] + 3600
 
     broker = Broker(tmp_path, issuer, clock=lambda: now[0])
-    token = write_grant(tmp_path, "7", "run7", os.getuid(), os.getgid())
+    token = write_grant(tmp_path, "7", "vision", "run7", os.getuid(), os.getgid())
     assert broker.credentials(token) == broker.credentials(token) == {"AccessKeyId": "A1"}
     now[0] += 3600 - jobcreds.RENEW_BEFORE_S + 1
     assert broker.credentials(token) == {"AccessKeyId": "A2"} and len(calls) == 2

@@ -237,3 +237,12 @@ def test_the_site_account_is_the_team_the_job_runs_under():
     lines = sbatch(render([job()], dataclasses.replace(SITE8, account="vision"), key="m"))
     assert lines[lines.index("--partition=gpu") + 1] == "--account=vision"
     assert not any(ln.startswith("--account") for ln in sbatch(render([job()], SITE8, key="m")))
+
+
+def test_the_task_and_the_credentials_daemon_read_the_jobs_team_from_its_script():
+    from trainer.slurm.batch import team_of
+
+    teamed = render([job()], dataclasses.replace(SITE8, account="nlp"), key="m")
+    assert " --team nlp --spec " in teamed.splitlines()[-1] and team_of(teamed) == "nlp"
+    plain = render([job()], SITE8, key="m")  # no account: the submitter's default, the default team's records
+    assert "--team" not in plain and team_of(plain) == "default"

@@ -92,7 +92,7 @@ def test_the_bridge_publishes_the_job_gauges_of_its_last_sync_once_a_minute():
     clock = [NOW]
     out = io.StringIO()
     slurm = Slurm()
-    bridge = Bridge(Queue(), Records(), batch.Site("b", "python", "/tmp"), slurm=slurm, clock=lambda: clock[0],
+    bridge = Bridge(Queue(), lambda team: Records(), batch.Site("b", "python", "/tmp"), slurm=slurm, clock=lambda: clock[0],
                     emitter=Emitter("gpufleet/dev", out))
     for t, listing in ((NOW, None), (NOW + 30, None), (NOW + 60, [job("RUNNING")]), (NOW + 90, None)):
         clock[0] = t
@@ -107,7 +107,7 @@ def test_the_bridge_publishes_the_job_gauges_of_its_last_sync_once_a_minute():
 
 
 def test_without_an_emitter_the_bridge_publishes_nothing():
-    bridge = Bridge(Queue(), Records(), batch.Site("b", "python", "/tmp"), slurm=Slurm(), clock=lambda: NOW)
+    bridge = Bridge(Queue(), lambda team: Records(), batch.Site("b", "python", "/tmp"), slurm=Slurm(), clock=lambda: NOW)
     bridge.step()
     assert bridge.listed and bridge._last_gauges is None
 

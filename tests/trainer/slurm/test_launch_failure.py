@@ -42,7 +42,7 @@ class FakeSlurm:
 
 def test_a_held_launch_failure_fails_the_record_and_cancels_the_held_job(moto_endpoint):
     boto3.client("s3").create_bucket(Bucket="held", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    recs = RecordStore.of_bucket("held")
+    recs = RecordStore.of_bucket("held", None)
     now = time.time()
     ours = {"job_id": "ours", "kind": "code", "command": ["true"], "retries": {"on_error": 0}}
     theirs = {"job_id": "slurm-6", "kind": "sbatch", "name": "wrap", "user": "alice", "partition": "gpu"}
@@ -51,7 +51,7 @@ def test_a_held_launch_failure_fails_the_record_and_cancels_the_held_job(moto_en
             **new_record(spec, now), "slurm": {"id": sid, "key": "k", "message": None, "first_attempt": 1,
                                                "budget_from": 0}})
     slurm = FakeSlurm([held("5"), held("6")])
-    bridge = Bridge(None, recs, batch.Site("held", "python", "/tmp", None, 0, None), slurm=slurm)
+    bridge = Bridge(None, lambda team: recs, batch.Site("held", "python", "/tmp", None, 0, None), slurm=slurm)
     bridge.sync()
     rec = recs.get("ours")
     assert (rec["state"], rec["reason"]) == ("failed", "launch failure")
@@ -64,7 +64,7 @@ def test_a_job_that_left_squeue_while_the_bridge_was_away_ends_from_accounting(m
     from dataclasses import replace
 
     boto3.client("s3").create_bucket(Bucket="acct", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    recs = RecordStore.of_bucket("acct")
+    recs = RecordStore.of_bucket("acct", None)
     now = time.time()
     attempt = {"n": 2, "nodes": ["gpu-1"], "start": now, "end": None, "exit_status": None, "reason": None,
                "run": "9#1"}  # its second run (one requeue), running when the bridge went away
@@ -78,7 +78,7 @@ def test_a_job_that_left_squeue_while_the_bridge_was_away_ends_from_accounting(m
     pending_array = replace(held("12"), array_job_id=12, description="", restarts=0)  # 12_[0-3], one line
     slurm = FakeSlurm([pending_array], ended=[ended])
     clock = [1000.0]
-    bridge = Bridge(None, recs, batch.Site("acct", "python", "/tmp", None, 0, None), slurm=slurm,
+    bridge = Bridge(None, lambda team: recs, batch.Site("acct", "python", "/tmp", None, 0, None), slurm=slurm,
                     clock=lambda: clock[0])
     bridge.sync()
     rec = recs.get("gone")

@@ -17,7 +17,7 @@ def test_retry_of_a_mirrored_sbatch_job_is_one_line_and_sends_nothing(moto_endpo
     sqs = boto3.client("sqs")
     url = sqs.create_queue(QueueName="mirror")["QueueUrl"]
     spec = {"job_id": "slurm-7", "kind": "sbatch", "name": "wrap", "user": "alice", "partition": "gpu"}
-    RecordStore.of_bucket("mirror").update("slurm-7", lambda r: r, missing=lambda: {
+    RecordStore.of_bucket("mirror", None).update("slurm-7", lambda r: r, missing=lambda: {
         **new_record(spec, time.time()), "state": "failed"})
     with pytest.raises(UsageError) as told:
         commands.retry(commands.Target("mirror", url), "slurm-7")

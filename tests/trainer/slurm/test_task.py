@@ -31,13 +31,14 @@ from trainer import EXIT_PREEMPTED
 from trainer.clouds.aws import Imds, NodePlatform
 from trainer.errors import UsageError
 from trainer.jobs import api, bundle, logs, records
+from trainer.jobs.layout import team_base
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job
 from trainer.node import metric_names
 from trainer.node.platform import Platform
 from trainer.node.registry import RegistryLogin, image_host
 from trainer.slurm import task as task_module
-from trainer.slurm.task import Task, default_checkpoint_uri, open_emitter, slurm_facts, trainer_args, trainer_command
+from trainer.slurm.task import Task, open_emitter, slurm_facts, trainer_args, trainer_command
 
 SLURM_ENV = {"SLURM_JOB_ID": "101", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_RESTART_COUNT": "0",
              "SLURM_JOB_NODELIST": "gpu-1", "SLURMD_NODENAME": "gpu-1"}
@@ -66,10 +67,6 @@ def test_train_flags_default_to_the_jobs_own_prefix_and_metrics_file():
     own = ["--checkpoint-uri", "s3://mine/x/", "--metrics-file", "/m.jsonl"]
     assert trainer_args(Job("j1", args=tuple(own)), "s3://ckpt/jobs/j1/", "/w/m.jsonl") == (own, "s3://mine/x/",
                                                                                             "/m.jsonl")
-    assert default_checkpoint_uri("ckpt", "j2") == "s3://ckpt/jobs/j2/"
-    assert default_checkpoint_uri("https://acct.blob.core.windows.net/ckpt/", "j2") == \
-        "https://acct.blob.core.windows.net/ckpt/jobs/j2/"
-    assert default_checkpoint_uri("cos://ckpt-1250000000", "j2") == "cos://ckpt-1250000000/jobs/j2/"
 
 
 def test_the_trainer_is_one_process_without_gpus_and_torchrun_with_slurms_ranks_otherwise():
@@ -104,7 +101,7 @@ def code_job(tmp_path, job_id: str, main: str, **fields) -> Job:
     work = tmp_path / f"src-{job_id}"
     work.mkdir()
     (work / "main.py").write_text(main)
-    uri, _ = bundle.upload(bundle.pack(work), "ckpt")
+    uri, _ = bundle.upload(bundle.pack(work), team_base("ckpt", None))
     return Job(job_id, "code", code=uri, command=("python", "main.py"), **fields)
 
 
@@ -126,7 +123,7 @@ def test_a_code_job_runs_in_its_work_dir_with_the_job_environment_and_its_secret
     assert scratch.parent == job_dir(tmp_path, "env-1") and seen["env"]["TMPDIR"] == str(scratch)
     assert scratch.name.startswith("scratch-2-") and not scratch.exists()
     assert ours == {
-        "GPUFLEET_JOB_ID": "env-1", "GPUFLEET_ATTEMPT": "2", "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/jobs/env-1/",
+        "GPUFLEET_JOB_ID": "env-1", "GPUFLEET_ATTEMPT": "2", "GPUFLEET_CHECKPOINT_URI": "s3://ckpt/teams/default/jobs/env-1/",
         "GPUFLEET_NNODES": "1", "GPUFLEET_NODE_RANK": "0", "GPUFLEET_NPROC_PER_NODE": "1",
         "GPUFLEET_RDZV_ENDPOINT": "127.0.0.1:20101",
         "GPUFLEET_STOP_FILE": str(job_dir(tmp_path, "env-1") / "control" / "stop")}
@@ -187,20 +184,23 @@ def test_a_command_the_os_refuses_is_a_failed_job_not_a_crash(bucket, tmp_path, 
 def test_node_rank_0_writes_the_progress_and_the_output_outlives_the_node(bucket, tmp_path, monkeypatch):
     """The record as the bridge leaves it when Slurm starts the job (running, one attempt); the task writes the
     train run's progress into it (with the node's GPU utilisation: NVML's reading, stubbed here, no GPU), and its
-    output is in the bucket for `gpufleet jobs logs`."""
+    output is in the bucket for `gpufleet jobs logs`; all of it under the job's team's prefix (its --team)."""
     monkeypatch.setattr("trainer.node.emf.gpu_utilisation", lambda: 87.5)
     job = Job("done-1", args=(*TRAIN, "--steps", "4"))
-    rs = RecordStore.of_bucket("ckpt")
+    rs = RecordStore.of_bucket("ckpt", "nlp")
     rs.create(job.to_dict())
     rs.update("done-1", lambda r: records.claim(r, {"nodes": ["gpu-1"], "gpus": 0}, 0.0))
-    assert make_task(job, tmp_path)() == 0
+    assert make_task(job, tmp_path, team="nlp")() == 0
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ckpt")["Contents"]]
+    assert keys and all(k.startswith("teams/nlp/") for k in keys), keys  # record and index, checkpoint, logs
+    assert any(k.startswith("teams/nlp/jobs/done-1/step-000000004/") for k in keys)
     rec = rs.get("done-1")
     assert (rec["progress"]["step"], rec["progress"]["total"]) == (4, 4) and rec["progress"]["loss"] > 0
     assert rec["progress"]["gpu_util"] == 87.5
     shipped = b"".join(data for node, data in logs.read(rs.store, "done-1", 1) if node == "gpu-1")
     local = (job_dir(tmp_path, "done-1") / "output-1-gpu-1.log").read_bytes()
     assert shipped == local and b"step 4/4" in shipped  # the whole output, in order, from the bucket
-    proc = gpufleet("jobs", "logs", "--bucket", "ckpt", "done-1")  # the node and its files are not needed
+    proc = gpufleet("jobs", "logs", "--bucket", "ckpt", "--team", "nlp", "done-1")  # no node, no node's files
     assert proc.returncode == 0 and "step 4/4" in proc.stdout, proc.stderr
 
 
@@ -252,7 +252,7 @@ def test_a_stopped_container_checkpoints_exits_75_and_the_next_attempt_resumes_w
     thread.join(timeout=300)
     assert result == [EXIT_PREEMPTED]
     stopped = steps(out / "m.jsonl")[-1]["step"]
-    assert stopped < STEPS and api.Checkpointer("s3://ckpt/jobs/ex-1/").steps()[0] == stopped
+    assert stopped < STEPS and api.Checkpointer("s3://ckpt/teams/default/jobs/ex-1/").steps()[0] == stopped
     assert (job_dir(tmp_path, "ex-1") / "control" / "stop").exists()  # the stop file, beside the SIGTERM
 
     assert make_task(job, tmp_path, attempt=2, container_extra=extra)() == 0

@@ -1,10 +1,12 @@
 """Each team has a queue of its own, which only the team's submit identity may send to (the stack's queue policy,
-tests/infra/aws): a job's team, its Slurm account, is the queue its message came through, never its body. The
+tests/infra/aws): a job's team, its Slurm account and its records' prefix, is the queue its message came through,
+never its body. The
 records are in moto; Slurm's part and the queues are fakes that keep what the bridge asked of them (the box's tests
 run the real ones, tests/infra/box)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import boto3
 import pytest
@@ -14,6 +16,7 @@ from trainer.jobs.queue import JobQueue, Message
 from trainer.jobs.records import RecordStore
 from trainer.slurm import batch
 from trainer.slurm.bridge import Bridge, main, team_queues
+from trainer.slurm.client import SlurmJob
 
 
 class Queue(JobQueue):
@@ -36,14 +39,27 @@ class Queue(JobQueue):
 
 class Slurm:
     def __init__(self):
-        self.scripts = []
+        self.scripts, self.listed, self.cancelled = [], [], []
 
     def jobs(self):
-        return []
+        return list(self.listed)
 
     def sbatch(self, script):
         self.scripts.append(script)
         return str(100 + len(self.scripts))
+
+    def scancel(self, slurm_id):
+        self.cancelled.append(slurm_id)
+
+    def finished(self, ids):
+        return []
+
+
+def running(slurm_id: str) -> SlurmJob:
+    return SlurmJob(id=slurm_id, array_job_id=None, array_task_id=None, name="gpufleet.shared",
+                    comment=batch.COMMENT_PREFIX + "k", state="RUNNING", reason="None", description="", exit_code=0,
+                    restarts=0, nodes=("gpu-1",), user="gpufleet", partition="gpu", submit_time=None,
+                    start_time=None, end_time=None, tasks=1)
 
 
 def body(job_id: str, **more) -> str:
@@ -59,7 +75,7 @@ def account_of(script: str) -> str | None:
 @pytest.fixture
 def recs(moto_endpoint):
     boto3.client("s3").create_bucket(Bucket="teams", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    return RecordStore.of_bucket("teams")
+    return partial(RecordStore.of_bucket, "teams")  # a team's records
 
 
 def bridge_of(recs, queues, slurm) -> Bridge:
@@ -73,26 +89,40 @@ def test_a_job_runs_under_the_account_of_the_queue_it_came_through_whatever_its_
         bridge.step()
     # nlp's message claims vision in its body: the body has no say (the spec refuses fields it does not know)
     assert [account_of(s) for s in slurm.scripts] == ["vision"]
-    assert recs.get("v1")["team"] == "vision" and vision.deleted == [f"m0-{id(vision)}"]
+    assert recs("vision").get("v1")["team"] == "vision" and vision.deleted == [f"m0-{id(vision)}"]
     assert nlp.dead and "team" in nlp.dead[0][1]
 
 
-def test_a_message_through_another_teams_queue_cannot_take_over_a_job(recs):
+def test_the_same_id_through_another_teams_queue_is_that_teams_own_job(recs):
     vision, nlp, slurm = Queue(body("shared")), Queue(), Slurm()
     bridge = bridge_of(recs, {"vision": vision, "nlp": nlp}, slurm)
     bridge.step()
-    before = recs.get("shared")
+    before = recs("vision").get("shared")
     assert before["team"] == "vision" and account_of(slurm.scripts[0]) == "vision"
-    # nlp sends the same id again (say with --again, to restore vision's checkpoints under jobs/shared/)
+    # nlp sends the same id (say with --again, to restore vision's checkpoints, once under jobs/shared/)
     nlp.waiting.append(Message("evil", body("shared", command=["sh", "-c", "cat /secret"]), "r", 1))
     bridge.step()
     bridge.step()
-    assert len(slurm.scripts) == 1  # nothing submitted for nlp
-    assert nlp.dead == [("evil", "invalid job: job shared is team vision's; a message through team nlp's queue "
-                                 "cannot submit it (pick another job id)")]
-    after = recs.get("shared")
-    assert after["spec"] == before["spec"] and after["state"] == before["state"]  # vision's record untouched
-    assert "reason" not in after or after["reason"] == before.get("reason")
+    assert [account_of(s) for s in slurm.scripts] == ["vision", "nlp"]  # nlp's job, under nlp's account
+    assert "--team nlp" in slurm.scripts[1] and "--team vision" in slurm.scripts[0]  # its task's records
+    assert recs("vision").get("shared") == before  # vision's record untouched
+    theirs = recs("nlp").get("shared")
+    assert theirs["team"] == "nlp" and theirs["spec"]["command"] == ["sh", "-c", "cat /secret"]
+    assert {ref for ref in bridge.known.values()} == {("vision", "shared"), ("nlp", "shared")}
+
+
+def test_a_cancel_in_one_teams_records_cancels_that_teams_job_only(recs):
+    vision, nlp, slurm = Queue(body("shared")), Queue(body("shared")), Slurm()
+    bridge = bridge_of(recs, {"vision": vision, "nlp": nlp}, slurm)
+    for _ in range(4):
+        bridge.step()
+    ids = {team: recs(team).get("shared")["slurm"]["id"] for team in ("vision", "nlp")}
+    assert len(set(ids.values())) == 2
+    slurm.listed = [running(sid) for sid in ids.values()]
+    recs("nlp").update("shared", lambda r: {**r, "cancel_requested": True})
+    bridge._last_cancel_poll = 0.0
+    bridge.sync()
+    assert slurm.cancelled == [ids["nlp"]]
 
 
 def test_a_sweep_is_gathered_within_one_team(recs):
@@ -118,8 +148,8 @@ def test_a_retry_runs_under_the_records_team(recs):
     bridge = bridge_of(recs, {"vision": Queue(), "nlp": nlp}, slurm)
     bridge.step()
     bridge.step()
-    rec = recs.get("n2")
-    bridge._failed("n2", {**rec, "attempts": [{"n": 1, "reason": "failure", "exit_status": 1}]},
+    rec = recs("nlp").get("n2")
+    bridge._failed(("nlp", "n2"), {**rec, "attempts": [{"n": 1, "reason": "failure", "exit_status": 1}]},
                    type("J", (), {"exit_code": 1})(), "failure")
     assert [account_of(s) for s in slurm.scripts] == ["nlp", "nlp"]
 
