@@ -15,7 +15,7 @@ cd "${BASH_SOURCE[0]%/*}/.."
 # program that shows the package is present : Debian package that installs it
 DEBIAN=(packer:packer shellcheck:shellcheck cloud-init:cloud-init jq:jq curl:curl
         systemd-analyze:systemd dockerd:docker.io slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client
-        munged:munge slurmdbd:slurmdbd mariadbd:mariadb-server iptables:iptables ip:iproute2 npm:npm)
+        munged:munge slurmdbd:slurmdbd mariadbd:mariadb-server iptables:iptables ip:iproute2 visudo:sudo npm:npm)
 AZURITE=node_modules/.bin/azurite
 LOG="${TMPDIR:-/tmp}/gpufleet-tools.log"
 POLICY_RC=/usr/sbin/policy-rc.d   # asked by invoke-rc.d and deb-systemd-invoke before a start; 101: do not

@@ -1,5 +1,5 @@
-"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup|credentials`: the command
-boundary.
+"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup|credentials|container`:
+the command boundary.
 
 A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
 runtime fault the clouds can name (an endpoint refusing connections) one line and exit 1; Ctrl-C exits
@@ -27,6 +27,7 @@ COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "task": "trainer.slurm.task",
     "setup": "trainer.slurm.setup",
     "credentials": "trainer.node.jobcreds",
+    "container": "trainer.node.container",
 }
 
 

@@ -1,32 +1,25 @@
 #!/usr/bin/env bash
-# docker run for a training container: all GPUs, every EFA/InfiniBand device, host network and IPC, unlimited locked
-# memory and the node's NCCL settings; hardened as the runtime's own containers are (trainer.node.runner.docker_argv):
-# as the caller's uid:gid (nobody, 65534:65534, when the caller is root), every capability dropped (but IPC_LOCK where
-# InfiniBand other than EFA wants it: Azure's HPC sizes), no new privileges. These are defaults for a user's own
-# sbatch script, not a boundary (arguments given here come after them, and the docker group can run anything).
-# On host network the metadata service does not answer the container's (non-root) user: the job's own credentials (the
-# task's AWS_CONTAINER_CREDENTIALS_FULL_URI and AWS_CONTAINER_AUTHORIZATION_TOKEN, from gpufleet-task-prolog) are
-# passed on by name, so the token shows in no argv. Usage: gpufleet-docker-run [docker run args] IMAGE [CMD]
+# A training container for a user's own sbatch script: gpufleet-docker-run IMAGE [CMD...]. It runs as the caller's
+# uid:gid (nobody, 65534:65534, when the caller is root) with every capability dropped (but IPC_LOCK where InfiniBand
+# other than EFA wants it: Azure's HPC sizes) and no new privileges, and gets the job's GPUs, every EFA/InfiniBand
+# device, host network and IPC, unlimited locked memory, the node's NCCL settings and a scratch directory of its own
+# at /mnt/scratch (removed afterwards); the job's own credentials (the task's AWS_CONTAINER_CREDENTIALS_FULL_URI and
+# AWS_CONTAINER_AUTHORIZATION_TOKEN, from gpufleet-task-prolog) are passed on by name, so the token shows in no argv.
+# SIGTERM (Slurm's stop) stops the container within the cloud's grace. Docker options are not the caller's to choose:
+# the caller is not in the docker group, and the container is started by the root launcher gpufleet-container
+# (through sudo), which runs only that hardened `docker run` (python -m trainer container job: trainer.node.container).
 set -euo pipefail
 
-uid="$(id -u)"
-gid="$(id -g)"
-[ "$uid" -ne 0 ] || { uid=65534 gid=65534; }
-args=(--gpus all --network host --ipc host --ulimit memlock=-1:-1 --ulimit stack=67108864:67108864
-  --env-file /etc/gpufleet/container.env --user "$uid:$gid" --cap-drop ALL --security-opt no-new-privileges)
-devices=0
-for dev in /dev/infiniband/*; do
-  [ -c "$dev" ] && args+=(--device "$dev") && devices=$((devices + 1))
-done
-efa=0
-for driver in /sys/class/infiniband/*/device/driver; do
-  [ "$(basename "$(readlink -f "$driver")")" = efa ] && efa=1
-done
-if [ "$devices" -gt 0 ] && [ "$efa" = 0 ]; then
-  args+=(--cap-add IPC_LOCK)
+python=/opt/gpufleet/venv/bin/python # the manifest's .trainer.venv (tests/ami check that they agree)
+usage="usage: gpufleet-docker-run IMAGE [CMD...]"
+
+if [ "$#" -eq 0 ]; then
+  echo "gpufleet-docker-run: no image; $usage" >&2
+  exit 2
 fi
-[ -d /mnt/scratch ] && args+=(--volume /mnt/scratch:/mnt/scratch)
-if [ -n "${AWS_CONTAINER_AUTHORIZATION_TOKEN:-}" ]; then
-  args+=(--env AWS_CONTAINER_CREDENTIALS_FULL_URI --env AWS_CONTAINER_AUTHORIZATION_TOKEN)
+if [[ "$1" == -* ]]; then
+  echo "gpufleet-docker-run: docker options are not accepted ($1); $usage" >&2
+  exit 2
 fi
-exec docker run "${args[@]}" "$@"
+# -I: the image's trainer, never a trainer/ folder in the caller's working directory or on its PYTHONPATH.
+exec "$python" -I -m trainer container job "$@"

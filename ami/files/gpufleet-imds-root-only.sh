@@ -4,8 +4,9 @@
 # (trainer.node.jobcreds). The OUTPUT chain ACCEPTs TCP packets to the service's port 80 whose owner is root (or a
 # user named with --allow: the notice watcher's slurm user, which no job runs as) and REJECTs every other's.
 # Containers run with --network host: their packets pass this host's OUTPUT chain with their own (non-root) uid, so
-# they are refused too. A process that can start a container as root (the docker group) gets past it: jobs never run
-# so (trainer.node.runner.docker_argv, gpufleet-docker-run).
+# they are refused too. A process that can start a container as root (the docker group) would get past it: jobs are
+# not in the docker group and start containers only through gpufleet-container, which runs them as the caller's uid
+# (trainer.node.container), so the owner match applies to them too.
 # Run at boot by gpufleet-imds.service (before slurmd and docker; AWS nodes only). Idempotent: the rules are checked
 # with -C first; a second run adds nothing, and a partial set is replaced by the whole one, in order.
 # Usage: gpufleet-imds-root-only [--allow USER]... [IPV4 [IPV6]]  (default 169.254.169.254 and fd00:ec2::254; the

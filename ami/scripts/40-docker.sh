@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Docker with the NVIDIA container toolkit, for containerised jobs. gpufleet-docker-run adds the GPUs,
-# the EFA/InfiniBand devices under /dev/infiniband, unlimited locked memory and the node's NCCL settings.
-# No credential helper: a container job's task (trainer.slurm.task) logs in to the stack's registry per job through the
-# node's identity and hands docker a private DOCKER_CONFIG (trainer/node/registry.py), so root's and the gpufleet
-# user's docker configs stay empty.
+# Docker with the NVIDIA container toolkit, for containerised jobs. No job's user is in the docker group (root on the
+# host): jobs start containers through the root launcher gpufleet-container (sudo; 50-trainer.sh installs it), as
+# their own uid, hardened. gpufleet-docker-run IMAGE [CMD...] is its client for users' own sbatch scripts (the job's
+# GPUs, the EFA/InfiniBand devices under /dev/infiniband, unlimited locked memory, the node's NCCL settings).
+# No credential helper: a container job's task (trainer.slurm.task) gets a login to the stack's registry per job and
+# the launcher pulls with it from a private DOCKER_CONFIG of its own, removed before the container starts
+# (trainer/node/container.py), so root's and the gpufleet user's docker configs stay empty.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"

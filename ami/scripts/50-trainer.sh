@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The trainer wheel in its own virtualenv, the gpufleet user's groups, and the gpufleet systemd units.
+# The trainer wheel in its own virtualenv, the gpufleet systemd units, and the one way jobs start containers: the
+# gpufleet user (jobs run as it) is kept out of the docker group, which is root on the host; every user may run the
+# launcher /usr/local/sbin/gpufleet-container as root through sudo (/etc/sudoers.d/gpufleet-container, checked with
+# visudo first), and it starts only the hardened `docker run` for the caller's uid (trainer.node.container).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -14,7 +17,11 @@ extra=""
 # The gpufleet user (jobs run as it) has the manifest's fixed ids: 45-slurm.sh made it.
 [ "$(id -u gpufleet 2>/dev/null)" = "$(manifest .accounts.gpufleet.uid)" ] ||
   die "no gpufleet user with the manifest's uid (45-slurm.sh makes it)"
-getent group docker >/dev/null && usermod -aG docker gpufleet
+# Never in the docker group (an older image added it): the launcher below is its way to containers.
+if [[ ",$(getent group docker | cut -d: -f4)," == *,gpufleet,* ]]; then
+  gpasswd -d gpufleet docker >/dev/null
+  log "gpufleet removed from the docker group"
+fi
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
@@ -29,6 +36,11 @@ install -d -m 0755 /etc/gpufleet /var/log/gpufleet
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-scratch.sh /usr/local/sbin/gpufleet-scratch
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-node-config.sh /usr/local/sbin/gpufleet-node-config
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-imds-root-only.sh /usr/local/sbin/gpufleet-imds-root-only
+# The launcher of jobs' containers and its sudoers rule (a file visudo refuses would stop sudo for everyone).
+visudo -cf /tmp/gpufleet-ami/files/sudoers-gpufleet-container >/dev/null ||
+  die "visudo refuses files/sudoers-gpufleet-container"
+install -o root -g root -m 0755 /tmp/gpufleet-ami/files/gpufleet-container.sh /usr/local/sbin/gpufleet-container
+install -o root -g root -m 0440 /tmp/gpufleet-ami/files/sudoers-gpufleet-container /etc/sudoers.d/gpufleet-container
 install -m 0644 /tmp/gpufleet-ami/systemd/gpufleet-*.service /etc/systemd/system/
 systemctl daemon-reload
 # Scratch is assembled on every boot. User-data enables the rest once it wrote the settings: gpufleet-node (a Slurm

@@ -28,14 +28,24 @@ torch_cuda="$("$trainer_python" -c 'import torch; assert torch.cuda.is_available
 check torch_cuda "$torch_cuda" "$(manifest .trainer.torch_cuda)"
 check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
 # What the image starts: the units (setup, the bridge, the watcher and healer, job credentials), Slurm's power saving
-# programs (nodes), Prolog and Epilog (credentials) and every job's batch script (task).
-for command in setup controller nodes task credentials; do
+# programs (nodes), Prolog and Epilog (credentials), every job's batch script (task) and the container launcher
+# (container).
+for command in setup controller nodes task credentials container; do
   "$trainer_python" -m trainer "$command" --help >/dev/null || die "python -m trainer $command does not start"
 done
 check slurm "$("$(manifest .slurm.prefix)/sbin/slurmd" -V | awk '{print $2}')" "$(manifest .slurm.version)"
 check munge "$("$(manifest .munge.prefix)/sbin/munged" --version | awk '{print $1}' | sed 's/^munge-//')" "$(manifest .munge.version)"
 check slurm_uid "$(id -u slurm)" "$(manifest .accounts.slurm.uid)"
 check gpufleet_uid "$(id -u gpufleet)" "$(manifest .accounts.gpufleet.uid)"
+# Jobs start containers only through the launcher, as their own uid: the docker group would be root on the host.
+[[ " $(id -nG gpufleet) " != *" docker "* ]] || die "gpufleet is in the docker group, which is root on the host"
+visudo -cf /etc/sudoers.d/gpufleet-container >/dev/null || die "visudo refuses /etc/sudoers.d/gpufleet-container"
+[ "$(stat -c '%U:%G %a' /usr/local/sbin/gpufleet-container)" = "root:root 755" ] ||
+  die "/usr/local/sbin/gpufleet-container is not root's, mode 0755"
+[ "$(stat -c '%U:%G %a' /etc/sudoers.d/gpufleet-container)" = "root:root 440" ] ||
+  die "/etc/sudoers.d/gpufleet-container is not root's, mode 0440"
+runuser -u gpufleet -- sudo -n /usr/local/sbin/gpufleet-container --help >/dev/null ||
+  die "gpufleet cannot start gpufleet-container through sudo (python -m trainer container)"
 for unit in munge slurmd slurmctld slurmdbd mariadb; do
   ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
 done

@@ -114,7 +114,7 @@ def unit(name: str) -> configparser.ConfigParser:
 
 
 TRAINER_IN_UNIT = re.compile(r"/gpufleet-trainer\s+(\S+)")
-TRAINER_IN_FILE = re.compile(r"gpufleet-trainer\s+(\w[\w-]*)")
+TRAINER_IN_FILE = re.compile(r"(?:gpufleet-trainer|-m trainer)\s+(\w[\w-]*)")
 
 
 def image_commands() -> dict[str, str]:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -165,98 +164,216 @@ def test_scratch_skips_used_disks_and_works_without_any():
     assert "chmod 1733 /mnt/scratch/jobs" in plan  # each job's scratch: its own, unlisted by the others
 
 
-FAKE_DOCKER = ('#!/bin/sh\nprintf "%s\\n" "$@"\n'
-               'echo "env: ${AWS_CONTAINER_CREDENTIALS_FULL_URI:-} ${AWS_CONTAINER_AUTHORIZATION_TOKEN:-}"\n')
+# --- containers: no job in the docker group; the launcher, its sudoers rule, gpufleet-docker-run ---------------------
+
+LAUNCHER = AMI / "files" / "gpufleet-container.sh"
+SUDOERS = AMI / "files" / "sudoers-gpufleet-container"
+DOCKER_RUN = AMI / "files" / "gpufleet-docker-run.sh"
+# prints its argv one a line, the directory it runs in and its environment (the trainer's Python stands in for it)
+FAKE_PYTHON = '#!/bin/sh\nprintf "%s\\n" "$@"\necho "--- $(pwd)"\nenv\n'
 
 
-def docker_run_args(script: Path = AMI / "files" / "gpufleet-docker-run.sh", env: dict | None = None,
-                    user: int | None = None) -> list[str]:
-    """gpufleet-docker-run's docker argv for `img:1 python -m trainer train`, printed one a line by a fake docker
-    (which then prints the credentials variables it was given), as USER (setpriv) if given. The fake sits in a
-    folder every user can reach, so no user's PATH finds a real docker first."""
-    fake = Path(tempfile.mkdtemp(prefix="gpufleet-fake-docker-"))
-    try:
-        fake.chmod(0o755)
-        (fake / "docker").write_text(FAKE_DOCKER)
-        (fake / "docker").chmod(0o755)
-        as_user = [] if user is None else [require("setpriv"), "--reuid", str(user), "--regid", str(user),
-                                           "--clear-groups"]
-        result = subprocess.run([*as_user, "bash", str(script), "img:1", "python", "-m", "trainer", "train"],
-                                capture_output=True, text=True, timeout=30, cwd="/",
-                                env={"PATH": f"{fake}:/usr/bin:/bin", **(env or {})})
-    finally:
-        shutil.rmtree(fake)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
+@pytest.fixture
+def public_dir():
+    """A folder every user can reach (nobody runs scripts from it), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="gpufleet-container-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
 
 
-def option_values(args: list[str], option: str) -> list[str]:
-    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == option]
+def with_fake_venv(script: Path, folder: Path, manifest: dict) -> Path:
+    """SCRIPT copied into FOLDER with the trainer's virtualenv moved to FOLDER/venv, whose python is FAKE_PYTHON."""
+    venv = manifest["trainer"]["venv"]
+    text = script.read_text()
+    assert f"python={venv}/bin/python " in text  # the one path of it, fixed: the manifest's virtualenv
+    (folder / "venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for d in (folder / "venv", folder / "venv" / "bin"):
+        d.chmod(0o755)
+    python = folder / "venv" / "bin" / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    copy = folder / script.name
+    copy.write_text(text.replace(f"python={venv}/bin/python ", f"python={folder}/venv/bin/python "))
+    copy.chmod(0o755)
+    return copy
 
 
-def test_docker_run_passes_gpus_memlock_and_nccl_settings():
-    args = docker_run_args()
-    assert args[:3] == ["run", "--gpus", "all"]
-    assert "--ulimit" in args and "memlock=-1:-1" in args
-    assert args[args.index("--env-file") + 1] == "/etc/gpufleet/container.env"
-    assert args[-6:] == ["img:1", "python", "-m", "trainer", "train", "env:  "]
-    infiniband = sorted(str(p) for p in Path("/dev/infiniband").glob("*") if p.is_char_device())
-    assert option_values(args, "--device") == infiniband
+def ran(result: subprocess.CompletedProcess) -> tuple[list[str], str, dict[str, str]]:
+    """FAKE_PYTHON's argv, working directory and environment."""
+    out = result.stdout.splitlines()
+    split = next(i for i, line in enumerate(out) if line.startswith("--- "))
+    env = dict(line.split("=", 1) for line in out[split + 1:] if "=" in line)
+    return out[:split], out[split][4:], env
 
 
-def test_docker_run_is_hardened_as_the_runtimes_containers_are():
-    """As trainer.node.runner.docker_argv: never root (nobody where the caller is root), every capability dropped, no
-    new privileges; the caller's own uid:gid otherwise."""
-    from trainer.node.runner import NOBODY, NodeFacts, docker_argv
+def test_the_container_programs_are_installed_where_the_trainer_calls_them():
+    from trainer.node import container
 
-    args = docker_run_args()
-    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else NOBODY
-    assert option_values(args, "--user") == [f"{uid}:{gid}"]
-    assert option_values(args, "--cap-drop") == ["ALL"]
-    assert option_values(args, "--security-opt") == ["no-new-privileges"]
-    if not any(p.is_char_device() for p in Path("/dev/infiniband").glob("*")):
-        assert "--cap-add" not in args
-    runtime = docker_argv("n", "img:1", ["true"], {}, NodeFacts("aws", 0), None, "/c", 30, "1000:1000", "/s")
-    for option in ("--cap-drop", "--security-opt"):
-        assert option_values(runtime, option) == option_values(args, option)
-    if os.getuid() == 0:  # a user of the node's: its own ids
-        assert option_values(docker_run_args(user=4321), "--user") == ["4321:4321"]
+    assert container.LAUNCHER == "/usr/local/sbin/gpufleet-container"
+    trainer = (AMI / "scripts" / "50-trainer.sh").read_text()
+    assert ("install -o root -g root -m 0755 /tmp/gpufleet-ami/files/gpufleet-container.sh "
+            "/usr/local/sbin/gpufleet-container") in trainer
+    assert ("install -o root -g root -m 0440 /tmp/gpufleet-ami/files/sudoers-gpufleet-container "
+            "/etc/sudoers.d/gpufleet-container") in trainer
+    assert ("install -m 0755 /tmp/gpufleet-ami/files/gpufleet-docker-run.sh /usr/local/bin/gpufleet-docker-run"
+            in (AMI / "scripts" / "40-docker.sh").read_text())
+    base = (AMI / "scripts" / "00-base.sh").read_text()
+    packages = base.split("apt_install ", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
+    assert "sudo" in packages  # the base image's list is explicit
 
 
-@pytest.mark.parametrize("driver, ipc_lock", [("mlx5_core", True), ("efa", False)])
-def test_docker_run_keeps_ipc_lock_for_infiniband_but_not_for_efa(tmp_path, driver, ipc_lock):
-    """Azure's InfiniBand (mlx5) gets IPC_LOCK back, as the runner's containers do; EFA's devices do not need it.
-    The helper's /dev/infiniband and /sys/class/infiniband are the test's (character devices need root)."""
+def test_the_sudoers_rule_lets_every_user_run_the_launcher_and_nothing_else():
+    rules = [line for line in SUDOERS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert rules == ["Defaults!/usr/local/sbin/gpufleet-container env_reset, !env_keep, !env_check, !requiretty",
+                     "ALL ALL=(root) NOPASSWD: /usr/local/sbin/gpufleet-container"]
+
+
+def test_visudo_accepts_the_sudoers_rule():
+    result = subprocess.run([require("visudo"), "-cf", str(SUDOERS)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_launcher_refuses_anyone_but_root(public_dir, manifest):
+    """As nobody (runuser, where the tests run as root; else as the tests' own user): one line, exit 2, and the
+    trainer's Python never runs."""
+    script = with_fake_venv(LAUNCHER, public_dir, manifest)
+    as_nobody = [require("runuser"), "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    result = subprocess.run([*as_nobody, "bash", str(script), "run"], capture_output=True, text=True, timeout=30,
+                            cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "gpufleet-container: must run as root (through sudo: sudo -n /usr/local/sbin/gpufleet-container ...)"]
+
+
+@pytest.mark.parametrize("args", [["run"], ["stop", "gpufleet-4321-sbatch-7-99", "--time", "30"]])
+def test_the_launcher_runs_the_trainers_python_isolated_with_an_environment_of_its_own(public_dir, manifest, args):
+    """As root (what sudo makes it): the virtualenv's python -I -m trainer container ARGS, from /, with PATH, LANG and
+    sudo's SUDO_UID/SUDO_GID only; nothing else of the caller's environment (PYTHONPATH, DOCKER_HOST, HOME, ...)."""
     if os.geteuid() != 0:
-        pytest.skip("needs root: the fake /dev/infiniband holds character devices (mknod)")
-    dev, sys_ib = tmp_path / "dev-infiniband", tmp_path / "sys-infiniband"
-    dev.mkdir()
-    for i, name in enumerate(("uverbs0", "uverbs1", "rdma_cm")):
-        os.mknod(dev / name, 0o600 | stat.S_IFCHR, os.makedev(231, i))
-    (dev / "not-a-device").write_text("")
-    (tmp_path / "drivers" / driver).mkdir(parents=True)
-    (sys_ib / "dev0" / "device").mkdir(parents=True)
-    (sys_ib / "dev0" / "device" / "driver").symlink_to(tmp_path / "drivers" / driver)
-    text = (AMI / "files" / "gpufleet-docker-run.sh").read_text()
-    assert "/dev/infiniband/*" in text and "/sys/class/infiniband/*" in text
-    script = tmp_path / "gpufleet-docker-run"
-    script.write_text(text.replace("/dev/infiniband", str(dev)).replace("/sys/class/infiniband", str(sys_ib)))
-    args = docker_run_args(script)
-    assert option_values(args, "--device") == [str(dev / n) for n in ("rdma_cm", "uverbs0", "uverbs1")]
-    assert option_values(args, "--cap-add") == (["IPC_LOCK"] if ipc_lock else [])
-    assert option_values(args, "--cap-drop") == ["ALL"]
+        pytest.skip("needs root: the launcher refuses any other user")
+    script = with_fake_venv(LAUNCHER, public_dir, manifest)
+    work = public_dir / "work"
+    (work / "trainer").mkdir(parents=True)  # a caller's trainer/ folder: never imported (-I, and the launcher cd's /)
+    caller = {"PATH": f"{work}:/usr/bin:/bin", "PYTHONPATH": str(work), "PYTHONSTARTUP": str(work / "x.py"),
+              "DOCKER_HOST": "tcp://192.0.2.1:2375", "HOME": str(work), "LD_LIBRARY_PATH": str(work),
+              "SUDO_UID": "4321", "SUDO_GID": "4322"}
+    result = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30, cwd=work,
+                            env=caller)
+    assert result.returncode == 0, result.stderr
+    argv, cwd, env = ran(result)
+    assert argv == ["-I", "-m", "trainer", "container", *args]
+    assert cwd == "/"
+    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert (env["SUDO_UID"], env["SUDO_GID"], env["LANG"]) == ("4321", "4322", "C.UTF-8")
+    assert set(env) <= {"PATH", "LANG", "SUDO_UID", "SUDO_GID", "PWD", "OLDPWD", "SHLVL", "_"}  # the shell's own
+
+    result = subprocess.run(["bash", str(script), "run"], capture_output=True, text=True, timeout=30, cwd="/",
+                            env={"PATH": "/usr/bin:/bin"})  # root itself, not through sudo: its own ids
+    assert result.returncode == 0 and not {"SUDO_UID", "SUDO_GID"} & set(ran(result)[2])
 
 
-def test_docker_run_passes_the_jobs_own_credentials_by_name():
-    """The task's AWS_CONTAINER_* (gpufleet-task-prolog's) go on to the container by name: the token in no argv."""
+def test_docker_run_hands_the_image_and_its_command_to_the_launchers_client(public_dir, manifest):
+    """gpufleet-docker-run IMAGE [CMD...] is `python -I -m trainer container job IMAGE CMD...`: the command's own
+    flags are the command's; the caller's environment (the job's credentials, GPUFLEET_*, CUDA_VISIBLE_DEVICES) is
+    what the client reads."""
+    script = with_fake_venv(DOCKER_RUN, public_dir, manifest)
     token = "4242." + "t" * 43
-    env = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://127.0.0.1:51680/v1/credentials",
-           "AWS_CONTAINER_AUTHORIZATION_TOKEN": token}
-    args = docker_run_args(env=env)
-    assert option_values(args, "--env") == ["AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"]
-    assert args[-1] == f"env: http://127.0.0.1:51680/v1/credentials {token}"  # docker has the values itself
-    assert not any(token in a for a in args[:-1])
-    assert "--env" not in docker_run_args()  # no credentials of its own: nothing passed
+    env = {"PATH": "/usr/bin:/bin", "AWS_CONTAINER_AUTHORIZATION_TOKEN": token, "CUDA_VISIBLE_DEVICES": "0,1"}
+    result = subprocess.run(["bash", str(script), "img:1", "python", "-m", "trainer", "train", "--steps", "5"],
+                            capture_output=True, text=True, timeout=30, cwd=public_dir, env=env)
+    assert result.returncode == 0, result.stderr
+    argv, cwd, seen = ran(result)
+    assert argv == ["-I", "-m", "trainer", "container", "job", "img:1", "python", "-m", "trainer", "train",
+                    "--steps", "5"]
+    assert cwd == str(public_dir)
+    assert seen["AWS_CONTAINER_AUTHORIZATION_TOKEN"] == token and seen["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+@pytest.mark.parametrize("args", [["--privileged", "img:1"], ["-v", "/:/host", "img:1", "sh"], ["--user=0", "img:1"],
+                                  ["-it", "img:1"]])
+def test_docker_run_refuses_docker_options(public_dir, manifest, args):
+    script = with_fake_venv(DOCKER_RUN, public_dir, manifest)
+    result = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30, cwd="/",
+                            env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and result.stdout == ""  # the trainer's Python never ran
+    assert result.stderr.splitlines() == [f"gpufleet-docker-run: docker options are not accepted ({args[0]}); "
+                                          "usage: gpufleet-docker-run IMAGE [CMD...]"]
+
+
+def test_docker_run_without_an_image_says_how_it_is_used(public_dir, manifest):
+    script = with_fake_venv(DOCKER_RUN, public_dir, manifest)
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, cwd="/",
+                            env={"PATH": "/usr/bin:/bin"})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == ["gpufleet-docker-run: no image; usage: gpufleet-docker-run IMAGE [CMD...]"]
+
+
+class TrainerInstall:
+    """50-trainer.sh off the build machine: /tmp/gpufleet-ami moved under the test's folder, the virtualenv a fake
+    one, and every command that would change the machine (install, ln, systemctl, gpasswd, usermod, visudo) a stub
+    that records its call; getent answers the docker group this test gives."""
+
+    def __init__(self, tmp_path: Path, manifest: dict, docker_group: str | None, visudo_ok: bool = True):
+        from tests.ami.staging import manifest_copy, stage, stub
+
+        self.tmp, self.calls = tmp_path, tmp_path / "calls"
+        self.stubs, self.venv = tmp_path / "bin", tmp_path / "venv"
+        self.staged = tmp_path / "root" / "tmp" / "gpufleet-ami"
+        self.script = stage(tmp_path, "50-trainer.sh", ["/tmp/gpufleet-ami"])
+        (self.staged / "files").mkdir(parents=True)
+        (self.staged / manifest["trainer"]["wheel"]).write_text("")
+        for name in ("install", "ln", "systemctl", "gpasswd", "usermod", "python3"):
+            stub(self.stubs, name, f'echo "{name} $*" >>{self.calls}\n')
+        stub(self.stubs, "visudo", f'echo "visudo $*" >>{self.calls}\nexit {0 if visudo_ok else 1}\n')
+        group = "exit 2" if docker_group is None else f"echo '{docker_group}'"
+        stub(self.stubs, "getent", f'[ "$1 $2" = "group docker" ] || exit 2\n{group}\n')
+        stub(self.stubs, "id", f'[ "$1 $2" = "-u gpufleet" ] && echo {manifest["accounts"]["gpufleet"]["uid"]}\n')
+        stub(self.venv / "bin", "python", f'echo {manifest["trainer"]["version"]}\n')
+        stub(self.venv / "bin", "pip", "exit 0\n")
+        self.manifest = manifest_copy(tmp_path, trainer={"venv": str(self.venv)})
+
+    def run(self) -> subprocess.CompletedProcess:
+        from tests.ami.staging import run
+
+        return run(self.script, "aws", self.manifest, self.stubs)
+
+    def lines(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+@pytest.mark.parametrize("docker_group, removed", [
+    ("docker:x:998:ubuntu,gpufleet", True), ("docker:x:998:gpufleet", True), ("docker:x:998:ubuntu", False),
+    ("docker:x:998:gpufleet2,xgpufleet", False), (None, False)])
+def test_the_trainer_script_keeps_gpufleet_out_of_the_docker_group(tmp_path, manifest, docker_group, removed):
+    """Never added (an image before the launcher did add it): removed where it is a member, left alone elsewhere."""
+    build = TrainerInstall(tmp_path, manifest, docker_group)
+    result = build.run()
+    assert result.returncode == 0, result.stderr
+    calls = build.lines()
+    assert not [c for c in calls if c.startswith("usermod")]
+    assert [c for c in calls if c.startswith("gpasswd")] == (["gpasswd -d gpufleet docker"] if removed else [])
+    assert ("gpufleet removed from the docker group" in result.stderr) is removed
+
+
+def test_the_trainer_script_installs_the_launcher_and_its_checked_sudoers_rule(tmp_path, manifest):
+    build = TrainerInstall(tmp_path, manifest, "docker:x:998:")
+    result = build.run()
+    assert result.returncode == 0, result.stderr
+    calls, files = build.lines(), build.staged / "files"
+    check = f"visudo -cf {files}/sudoers-gpufleet-container"
+    launcher = f"install -o root -g root -m 0755 {files}/gpufleet-container.sh /usr/local/sbin/gpufleet-container"
+    rule = f"install -o root -g root -m 0440 {files}/sudoers-gpufleet-container /etc/sudoers.d/gpufleet-container"
+    assert check in calls and launcher in calls and rule in calls
+    assert calls.index(check) < calls.index(rule)  # checked before sudo ever reads it
+
+
+def test_a_sudoers_rule_visudo_refuses_stops_the_build_before_it_is_installed(tmp_path, manifest):
+    """A file in /etc/sudoers.d that sudo cannot parse stops sudo for every user: it never gets there."""
+    build = TrainerInstall(tmp_path, manifest, "docker:x:998:", visudo_ok=False)
+    result = build.run()
+    assert result.returncode == 1 and "error: visudo refuses files/sudoers-gpufleet-container" in result.stderr
+    assert not [c for c in build.lines() if "/etc/sudoers.d" in c]
 
 
 def test_scratch_is_assembled_before_a_node_joins_slurm():

@@ -40,6 +40,11 @@ class Build:
             "libnccl2": m["nccl"]["apt_pin"], m["dcgm"]["package"]: f"1:{m['dcgm']['version']}-1",
             "nfs-common": f"1:{m['nfs_common']['version']}-1ubuntu1.2", "stunnel4": "3:5.63-1build1"}
         self.trainer_commands_missing: set[str] = set()
+        # jobs start containers only through the launcher (sudo), never as members of the docker group
+        self.gpufleet_groups = "gpufleet"
+        self.visudo_ok = self.launcher_ok = True
+        self.modes = {"/usr/local/sbin/gpufleet-container": "root:root 755",
+                      "/etc/sudoers.d/gpufleet-container": "root:root 440"}
         self.iptables = True
         (r / "etc/gpufleet").mkdir(parents=True)
         stub(r / "sbin", "mount.nfs", "exit 0\n")
@@ -92,8 +97,14 @@ class Build:
         stub(s, "nvidia-ctk", f'echo "NVIDIA Container Toolkit CLI version {m["nvidia_container_toolkit"]["version"]}"\n')
         stub(s, "docker", f'case "$1" in info) echo \'{{"nvidia":{{"path":"nvidia-container-runtime"}}}}\' ;;\n'
                           f'  version) echo {m["docker"]["version"]} ;;\nesac\n')
-        stub(s, "id", '[ "$2" = slurm ] && echo {slurm} || echo {gpufleet}\n'.format(
-            slurm=m["accounts"]["slurm"]["uid"], gpufleet=m["accounts"]["gpufleet"]["uid"]))
+        stub(s, "id", '[ "$1" = -nG ] && {{ echo {groups}; exit; }}\n'
+                      '[ "$2" = slurm ] && echo {slurm} || echo {gpufleet}\n'.format(
+            groups=self.gpufleet_groups, slurm=m["accounts"]["slurm"]["uid"],
+            gpufleet=m["accounts"]["gpufleet"]["uid"]))
+        stub(s, "visudo", f'echo "$*" >>{self.state}/visudo\nexit {0 if self.visudo_ok else 1}\n')
+        (s / "modes").write_text("".join(f"{path} {mode}\n" for path, mode in self.modes.items()))
+        stub(s, "stat", f'grep "^$3 " {s}/modes | cut -d" " -f2-\n')
+        stub(s, "runuser", f'echo "$*" >>{self.state}/runuser\nexit {0 if self.launcher_ok else 1}\n')
         (s / "enabled").write_text("".join(f"{u}\n" for u in sorted(self.enabled)))
         stub(s, "systemctl", f'[ "$1" = is-enabled ] && grep -qx "$3" {s}/enabled\n')
         (s / "held").write_text("".join(f"{p}\n" for p in sorted(self.held)))
@@ -122,8 +133,40 @@ def test_a_good_build_passes_and_records_what_it_saw(tmp_path, manifest, cloud):
         assert seen["aznfs"] == manifest["aznfs"]["version"] and seen["stunnel"] == "3:5.63-1build1"
     else:
         assert "aznfs" not in seen
-    assert sorted((tmp_path / "state/trainer").read_text().split()) == ["controller", "credentials", "nodes", "setup",
-                                                                         "task"]
+    assert sorted((tmp_path / "state/trainer").read_text().split()) == ["container", "controller", "credentials",
+                                                                         "nodes", "setup", "task"]
+    assert (tmp_path / "state/visudo").read_text() == "-cf /etc/sudoers.d/gpufleet-container\n"
+    assert (tmp_path / "state/runuser").read_text() == (
+        "-u gpufleet -- sudo -n /usr/local/sbin/gpufleet-container --help\n")  # the rule, the launcher, the module
+
+
+@pytest.mark.parametrize("defect, message", [
+    ("in the docker group", "gpufleet is in the docker group, which is root on the host"),
+    ("visudo refuses", "visudo refuses /etc/sudoers.d/gpufleet-container"),
+    ("launcher writable", "/usr/local/sbin/gpufleet-container is not root's, mode 0755"),
+    ("launcher missing", "/usr/local/sbin/gpufleet-container is not root's, mode 0755"),
+    ("rule not 0440", "/etc/sudoers.d/gpufleet-container is not root's, mode 0440"),
+    ("sudo refuses", "gpufleet cannot start gpufleet-container through sudo (python -m trainer container)"),
+])
+def test_a_job_user_with_another_way_to_docker_or_none_fails_the_build(tmp_path, manifest, defect, message):
+    """The docker group is root on the host: gpufleet is not in it, and reaches containers through the launcher (a
+    root-owned program its sudoers rule names), which must start."""
+    build = Build(tmp_path, manifest, "aws")
+    if defect == "in the docker group":
+        build.gpufleet_groups = "gpufleet docker"
+    elif defect == "visudo refuses":
+        build.visudo_ok = False
+    elif defect == "launcher writable":
+        build.modes["/usr/local/sbin/gpufleet-container"] = "gpufleet:gpufleet 755"
+    elif defect == "launcher missing":
+        del build.modes["/usr/local/sbin/gpufleet-container"]
+    elif defect == "rule not 0440":
+        build.modes["/etc/sudoers.d/gpufleet-container"] = "root:root 644"
+    else:
+        build.launcher_ok = False
+    result = build.run(tmp_path)
+    assert result.returncode == 1 and f"error: {message}" in result.stderr, result.stderr
+    assert not (build.root / "etc/gpufleet/image-versions.json").exists()
 
 
 def test_an_aznfs_of_another_version_fails_the_azure_build(tmp_path, manifest):

@@ -19,7 +19,7 @@ SCRIPT = ROOT / "tools" / "install.sh"
 PROGRAMS = {"packer": "packer", "shellcheck": "shellcheck", "cloud-init": "cloud-init", "jq": "jq", "curl": "curl",
             "systemd-analyze": "systemd", "dockerd": "docker.io", "slurmctld": "slurmctld", "slurmd": "slurmd",
             "sbatch": "slurm-client", "munged": "munge", "slurmdbd": "slurmdbd", "mariadbd": "mariadb-server",
-            "iptables": "iptables", "ip": "iproute2", "npm": "npm"}
+            "iptables": "iptables", "ip": "iproute2", "visudo": "sudo", "npm": "npm"}
 DEBIAN = " ".join(PROGRAMS.values())
 BASH = shutil.which("bash")
 POLICY_RC = "POLICY_RC=/usr/sbin/policy-rc.d"

@@ -5,8 +5,9 @@ Nodes pull job images from the stack's registry with the node's own identity (no
 `docker login` into a shared config): the platform (trainer.node.platform) turns the identity into docker
 credentials for the image's registry host (AWS: ECR GetAuthorizationToken through the instance role; Azure:
 the managed identity's token exchanged for an ACR refresh token), cached until shortly before they expire.
-The job's task writes them into a directory of the job's own (0700, ``config.json`` with ``auths``), points
-``DOCKER_CONFIG`` of the job's docker commands at it and removes it when the container has exited.
+The job's task hands them to the container launcher (trainer.node.container), which writes them into a directory
+of its own (0700, ``config.json`` with ``auths``), points the pull's ``DOCKER_CONFIG`` at it and removes it before
+the container starts.
 
 The derivations (:func:`image_host`, :func:`ecr_region`, :func:`is_acr`, :func:`docker_config`,
 :func:`jwt_expiry`) are pure.
@@ -91,18 +92,6 @@ def write_config_dir(path: Path, logins: list[RegistryLogin]) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump(docker_config(logins), f)
     return path
-
-
-def login_env(platform, image: str, job_dir: Path, env: dict[str, str]) -> tuple[dict[str, str], Path | None]:
-    """The docker commands' environment for a job's image: with DOCKER_CONFIG pointing at a private config in
-    ``job_dir`` that holds the node's registry login, when the platform has one for the image's registry
-    (the job never sees the node's identity, only this short-lived login). Returns (env, the config dir)."""
-    login = platform.registry_login(image)
-    if login is None:
-        return env, None
-    config = write_config_dir(job_dir / "docker", [login])
-    log.info("registry %s: logged in with the node's identity (DOCKER_CONFIG=%s)", login.host, config)
-    return {**env, "DOCKER_CONFIG": str(config)}, config
 
 
 class LoginCache:

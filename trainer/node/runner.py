@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -94,15 +93,16 @@ def job_scratch(root: Path, attempt: int, owner: tuple[int, int]) -> Path:
 
 
 def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], facts: NodeFacts,
-                gpus: int | None, control_dir: str, grace_s: int, user: str, scratch_dir: str,
+                gpus: int | None, control_dir: str | None, grace_s: int, user: str, scratch_dir: str,
                 secret_names: tuple[str, ...] = (), container_env_file: bool = True,
-                extra: tuple[str, ...] = ()) -> list[str]:
+                extra: tuple[str, ...] = (), memlock: str = "-1:-1") -> list[str]:
     """`docker run` of a container job: as ``user`` ("UID:GID", never root), with every capability dropped (but
     IPC_LOCK where InfiniBand wants it), no new privileges and Docker's default seccomp profile; the job's GPUs,
     every EFA/InfiniBand device, host network (where the job's own credentials are served on loopback; the
-    metadata service answers only root) and IPC, memlock unlimited, the job's own scratch directory at
-    /mnt/scratch (also its HOME and TMPDIR unless its env names them), the node's NCCL settings, the job's
-    environment and its control directory. GPU flags only on a node with GPUs.
+    metadata service answers only root) and IPC, memlock unlimited (``memlock``: a host's own limit where it allows
+    no more), the job's own scratch directory at /mnt/scratch (also its HOME and TMPDIR unless its env names them),
+    the node's NCCL settings, the job's environment and its control directory (if any). GPU flags only on a node
+    with GPUs.
 
     ``secret_names`` are passed by name only (docker reads their values from its own environment), so no secret
     shows in the argv. ``extra`` is for tests (mounts of the host's Python); production passes none.
@@ -111,7 +111,8 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
         raise ValueError("docker_argv: a job's container never runs as root")
     argv = ["docker", "run", "--rm", "--name", name, "--label", "gpufleet.job", "--init",
             "--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1:-1", "--ulimit", "stack=67108864:67108864",
+            "--network", "host", "--ipc", "host", "--ulimit", f"memlock={memlock}",
+            "--ulimit", "stack=67108864:67108864",
             "--stop-signal", "SIGTERM", "--stop-timeout", str(grace_s)]
     want = facts.gpus if gpus is None else min(gpus, facts.gpus)
     if facts.gpus > 0 and want > 0:
@@ -121,7 +122,9 @@ def docker_argv(name: str, image: str, command: list[str], env: dict[str, str], 
         argv += ["--device", f"/dev/infiniband/uverbs{i}"]
     if facts.infiniband:
         argv += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK"]
-    argv += ["--volume", f"{scratch_dir}:{SCRATCH}", "--volume", f"{control_dir}:{CONTROL_DIR}"]
+    argv += ["--volume", f"{scratch_dir}:{SCRATCH}"]
+    if control_dir is not None:
+        argv += ["--volume", f"{control_dir}:{CONTROL_DIR}"]
     if container_env_file:
         argv += ["--env-file", CONTAINER_ENV_FILE]
     env = {"HOME": SCRATCH, "TMPDIR": SCRATCH, **env}
@@ -228,35 +231,6 @@ class ProcessGroupRun(Running):
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-class ContainerRun(Running):
-    """`docker run` in the foreground; a stop is `docker stop -t GRACE` (SIGTERM to the container's init). Every
-    docker command of the job runs with ``docker_env`` (DOCKER_CONFIG: the job's private registry login)."""
-
-    def __init__(self, proc: subprocess.Popen, name: str, stop_file: Path, docker_env: dict[str, str],
-                 config_dir: Path | None = None):
-        super().__init__(proc, stop_file)
-        self.name, self.docker_env, self.config_dir = name, docker_env, config_dir
-
-    def wait(self) -> int:
-        """The container's exit status; then its private docker config (the registry login) is removed."""
-        try:
-            return super().wait()
-        finally:
-            if self.config_dir is not None:
-                shutil.rmtree(self.config_dir, ignore_errors=True)
-
-    def stop(self, grace_s: int) -> None:
-        self.stop_requested = True
-        self.signal_stop()
-        threading.Thread(target=self._docker_stop, args=(grace_s,), name="docker-stop", daemon=True).start()
-
-    def _docker_stop(self, grace_s: int) -> None:
-        done = subprocess.run(["docker", "stop", "--time", str(grace_s), self.name], env=self.docker_env,
-                              capture_output=True, text=True)
-        if done.returncode != 0 and self.proc.poll() is None:
-            log.warning("docker stop %s: %s", self.name, done.stderr.strip())
 
 
 def children(pid: int) -> list[int]:

@@ -33,10 +33,9 @@ from trainer.loop.config import TrainConfig, parse_args
 from trainer.loop.storage import open_store
 from trainer.node import emf, metric_names, node_schema
 from trainer.node.platform import open_platform
-from trainer.node.registry import login_env
-from trainer.node.runner import (CONTROL_DIR, SCRATCH, STOP_FILE, ContainerRun, ProcessGroupRun, Running,
-                                 TrainerRun, code_environment, container_user, docker_argv, job_environment,
-                                 job_scratch, loggable, node_facts, stop_grace)
+from trainer.node import container
+from trainer.node.runner import (CONTROL_DIR, SCRATCH, STOP_FILE, ProcessGroupRun, Running, TrainerRun,
+                                 code_environment, container_user, job_environment, job_scratch, stop_grace)
 from trainer.node.tracking import Output, Tracking
 from trainer.slurm import batch, client
 
@@ -199,16 +198,13 @@ class Task:
         if job.kind == "image":
             if user != (os.getuid(), os.getgid()):  # the job writes its control directory (the task never follows
                 os.chown(control, *user, follow_symlinks=False)  # a link in it: Running.signal_stop)
-            facts = node_facts(self.node, None, self.gpus)
-            name = f"gpufleet-{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"
-            argv = docker_argv(name, job.image, list(job.command), {**env, **secrets}, facts, job.gpus_per_node,
-                               str(control), stop_grace(self.node.get("cloud")), "{}:{}".format(*user),
-                               str(self.scratch), tuple(secrets),
-                               container_env_file=Path("/etc/gpufleet/container.env").exists(),
-                               extra=self.container_extra)
-            docker_env, config = login_env(platform, job.image, self.dir, {**os.environ, **secrets})
-            log.info("running %s", " ".join(loggable(argv, list(job.command))))
-            return ContainerRun(spawn(argv, env=docker_env), name, control / STOP_FILE, docker_env, config)
+            # the launcher (trainer.node.container: this user is not in the docker group) starts it as this user
+            request = container.make_request(
+                f"{job.job_id}-{self.attempt}-{uuid.uuid4().hex[:6]}"[-120:].lstrip("-_."), job.image,
+                list(job.command), {**env, **secrets}, tuple(secrets), job.gpus_per_node, self.gpus,
+                stop_grace(self.node.get("cloud")), str(control), str(self.scratch),
+                platform.registry_login(job.image), self.container_extra)
+            return container.start(request, control / STOP_FILE, spawn)
         archive = bundle.fetch(job.code, self.dir.parent.parent / "bundles")
         code = bundle.unpack(archive, self.dir / "code")
         log.info("running %s in %s", " ".join(job.command), code)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -332,10 +333,11 @@ class RegistryPlatform(Platform):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("logged_in", [True, False])
-def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logged_in, docker, tmp_path, caplog):
-    """The task writes the platform's login into the job's private docker config (DOCKER_CONFIG) and the daemon
-    pulls with it; without a login the registry refuses the pull and the job fails."""
-    caplog.set_level(logging.INFO, logger="gpufleet")
+def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logged_in, docker, tmp_path, capfd):
+    """The task hands the platform's login to the container launcher, which pulls with it from a docker config of
+    its own (removed before the container starts, never in the job's directories); without a login the registry
+    refuses the pull and the job fails."""
+    logins = set(Path(tempfile.gettempdir()).glob("gpufleet-login-*"))
     with FakeRegistry("AWS", "node-token") as registry:
         job = Job(f"reg-{logged_in}", "image", image=registry.image, env={"DB_PASS": "hunter2"},
                   command=("/bin/sh", "-c", "echo pulled-$DB_PASS > /gpufleet/ran"))
@@ -344,14 +346,15 @@ def test_a_job_image_is_pulled_from_a_private_registry_with_the_node_login(logge
     where = job_dir(tmp_path, f"reg-{logged_in}")
     assert platform.asked == [registry.image]
     manifest_auths = {auth for method, path, auth in registry.seen if "/manifests/" in path}
+    said = capfd.readouterr().err  # the launcher's log
+    assert set(Path(tempfile.gettempdir()).glob("gpufleet-login-*")) == logins  # the login outlives no pull
+    assert not (where / "docker").exists()
     if logged_in:
-        assert rc == 0, caplog.text
+        assert rc == 0, said
         assert (where / "control" / "ran").read_text() == "pulled-hunter2\n"  # the image came from the registry and ran
-        assert "--env DB_PASS " in caplog.text and "hunter2" not in caplog.text  # a value under any name: not logged
+        assert "--env DB_PASS " in said and "hunter2" not in said  # a value under any name: not logged
         assert manifest_auths == {registry.auth}  # the daemon sent the node's login for that host
-        assert f"registry {registry.host}: logged in with the node's identity (DOCKER_CONFIG={where}/docker)" \
-            in caplog.text
-        assert not (where / "docker").exists()  # the login does not outlive the container
+        assert f"pulling {registry.image} with the job's registry login" in said
         assert docker.docker("image", "inspect", registry.image, check=False).returncode == 0
     else:
         assert rc == 125  # docker: the pull was refused
