@@ -381,36 +381,49 @@ def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(b
 
 def _kill_node(box, node: str, slurm_id: str) -> None:
     """The node's machine goes without notice: its slurmd, the job's slurmstepd and the job's processes stop at
-    once (SIGSTOP: a machine that is gone says nothing more), and die once Slurm has marked the node DOWN."""
+    once (SIGSTOP: a machine that is gone says nothing more), and die once Slurm has marked the node DOWN. The
+    processes are looked for again after each stop until no new one shows: one forked while they were being
+    listed would otherwise run on, as no process of a machine that is gone does."""
     from infra.box.supervisor import box_processes
 
     run = box.dir / "slurm" / "run"
-    victims = [int((run / f"slurmd-{node}.pid").read_text())]
-    for pid in box_processes(box.state["box_id"]):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd.startswith(b"slurmstepd: [" + slurm_id.encode() + b".") or f"SLURM_JOB_ID={slurm_id}".encode() in env:
-            victims.append(pid)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in victims:
+
+    def of_job() -> set[int]:
+        found = {int((run / f"slurmd-{node}.pid").read_text())}
+        for pid in box_processes(box.state["box_id"]):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd.startswith(b"slurmstepd: [" + slurm_id.encode() + b".") or \
+                    f"SLURM_JOB_ID={slurm_id}".encode() in env:
+                found.add(pid)
+        return found
+
+    def signal_all(pids, sig) -> None:
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        if sig == signal.SIGSTOP:
-            wait_for(lambda: box.slurm("sinfo", "-h", "-n", node, "-o", "%T").strip().startswith("down"), 120,
-                     f"{node} marked down")
+
+    victims: set[int] = set()
+    while new := of_job() - victims:
+        signal_all(new, signal.SIGSTOP)
+        victims |= new
+    wait_for(lambda: box.slurm("sinfo", "-h", "-n", node, "-o", "%T").strip().startswith("down"), 120,
+             f"{node} marked down")
+    signal_all(victims, signal.SIGKILL)
 
 
 def test_a_node_killed_without_notice_is_marked_down_and_its_job_runs_again(box, tmp_path):
     """Slurm requeues the job once it marks the node DOWN, and the healer powers the node down; the job runs again
     on any node in the pool, which the killed one rejoins SuspendTimeout after its power-down: on another node, or
     on the same name powered up again, a fresh machine (Slurm does not keep a requeued job off its last nodes)."""
-    slow_job(box, "lost", tmp_path, steps=40, sleep=0.1)
+    metrics = slow_job(box, "lost", tmp_path, steps=200, sleep=0.1)
     node = box.node_of_running("lost")
+    wait_for(lambda: steps_of(metrics), 120, "the job's first step")  # its processes all started
     power = box.dir / "slurm" / "log" / "power.log"
     before = power.stat().st_size
     _kill_node(box, node, box.record("lost")["slurm"]["id"])
