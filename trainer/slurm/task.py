@@ -31,9 +31,8 @@ from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, hidden_names, validate
 from trainer.loop.config import TrainConfig, parse_args
 from trainer.loop.storage import open_store
-from trainer.node import emf, metric_names, node_schema
+from trainer.node import container, emf, metric_names, node_schema
 from trainer.node.platform import open_platform
-from trainer.node import container
 from trainer.node.runner import (CONTROL_DIR, SCRATCH, STOP_FILE, ProcessGroupRun, Running, TrainerRun,
                                  code_environment, container_user, job_environment, job_scratch, stop_grace)
 from trainer.node.tracking import Output, Tracking
