@@ -51,7 +51,10 @@ MAX_REQUEST = 1 << 20                          # bytes of JSON on stdin
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _IMAGE = re.compile(schema()["properties"]["image"]["pattern"])  # the job spec's: [registry/]name[:tag][@digest]
-CREDENTIALS_NAMES = ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN")
+# botocore's container credentials: a job's host process has them from the TaskProlog; a container is given them
+CREDENTIALS_URI, CREDENTIALS_TOKEN = "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"
+CREDENTIALS_NAMES = (CREDENTIALS_URI, CREDENTIALS_TOKEN)
+DOCKER_ENV = ("PATH", "DOCKER_HOST", "LANG")    # what of the launcher's environment its docker commands get
 
 
 def launcher_argv() -> list[str]:
@@ -186,7 +189,7 @@ def serve_run(stdin, who: tuple[int, int]) -> int:
         raise UsageError(f"container: the request is not JSON ({exc})") from None
     facts = node_facts(_node(), None, req["node_gpus"])
     argv = run_argv(req, who, facts, Path(CONTAINER_ENV_FILE).exists(), memlock_limit())
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "DOCKER_HOST", "LANG")}
+    env = {k: v for k, v in os.environ.items() if k in DOCKER_ENV}
     if req["login"] is not None:
         config = Path(tempfile.mkdtemp(prefix="gpufleet-login-"))
         try:
@@ -208,7 +211,7 @@ def serve_run(stdin, who: tuple[int, int]) -> int:
 def serve_stop(name: str, grace_s: int, who: tuple[int, int]) -> int:
     """`docker stop` of a container the caller started (root: any job's)."""
     _want(bool(re.fullmatch(r"gpufleet-[0-9]+-" + _NAME.pattern, name)), f"bad container name {name!r}")
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "DOCKER_HOST")}
+    env = {k: v for k, v in os.environ.items() if k in DOCKER_ENV}
     label = "{{index .Config.Labels \"%s\"}}" % UID_LABEL
     found = subprocess.run(["docker", "container", "inspect", "--format", label, name], env=env, capture_output=True,
                            text=True)

@@ -44,8 +44,6 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 EXIT_FAILED = 1
 RDZV_TIMEOUT_S = 600  # a gang's other nodes wait this long for node rank 0's store
 EMF_LOG = "/var/log/gpufleet/metrics.log"  # the CloudWatch agent ships /var/log/gpufleet/*.log
-# botocore's container credentials: a host process has them from the TaskProlog; a container is given them
-CREDENTIALS_URI, CREDENTIALS_TOKEN = "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"
 
 
 def rdzv_port(slurm_job_id: int) -> int:
@@ -162,9 +160,10 @@ class Task:
             raise UsageError(f"task: env {', '.join(hidden_names(job))}: the values did not come with the job")
         values = {k: v for k, v in job.env.items() if isinstance(v, str)}
         secrets = {k: platform.secret(*next(iter(v.items()))) for k, v in job.env.items() if not isinstance(v, str)}
-        if job.kind == "image" and CREDENTIALS_TOKEN in os.environ:  # the job's own credentials (the TaskProlog's:
-            values[CREDENTIALS_URI] = os.environ[CREDENTIALS_URI]     # trainer.node.jobcreds), the token by name
-            secrets[CREDENTIALS_TOKEN] = os.environ[CREDENTIALS_TOKEN]
+        # the job's own credentials (the TaskProlog's: trainer.node.jobcreds) go into its container, the token by name
+        if job.kind == "image" and container.CREDENTIALS_TOKEN in os.environ:
+            values[container.CREDENTIALS_URI] = os.environ[container.CREDENTIALS_URI]
+            secrets[container.CREDENTIALS_TOKEN] = os.environ[container.CREDENTIALS_TOKEN]
         rdzv = self.rdzv()
         popen = output.popen_kw() if output else {}
 
