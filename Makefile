@@ -1,5 +1,8 @@
 # gpufleet: make preview STACK=dev | make test | make demo | make bench   (make tools, make venv: what they need)
 PY      := .venv/bin/python
+# The venv's base: the system's Python where there is one, which every user can run (a box run by root runs jobs
+# as the teams' users, trainer.slurm.users; a Python below root's home is out of their reach).
+BASE_PY := $(firstword $(wildcard /usr/bin/python3) python3)
 STACK   ?= dev
 FORMAT  ?= table
 PYTEST_ARGS ?=
@@ -14,7 +17,7 @@ tools:
 venv: .venv/.installed
 
 .venv/.installed: requirements.txt requirements.lock pyproject.toml trainer/pyproject.toml
-	test -x $(PY) || python3 -m venv .venv
+	test -x $(PY) || $(BASE_PY) -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
 	$(EDITABLE) -e trainer/

@@ -105,6 +105,7 @@ def run() -> dict[str, dict]:
 
     starts = power_program_start()  # before the box: its daemons would share the cores
     work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-slurm-"))
+    work.chmod(0o711)  # run by root, the box's jobs run as the teams' users, who must reach it
     up = subprocess.run([sys.executable, "-m", "infra.cli", "box", "up", "--dir", str(work / "box")], cwd=ROOT,
                         capture_output=True, text=True, timeout=240)
     if up.returncode != 0:

@@ -16,6 +16,8 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from infra import catalog, regions
+from trainer.errors import UsageError
+from trainer.slurm import users
 
 NAMESPACE = "gpufleet"
 KEYS = ("cloud", "mode", "instanceTypes", "nodes", "spot", "dataClassification", "allowedRegions",
@@ -521,6 +523,10 @@ class StackConfig(_Frozen):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ConfigError("gpufleet:teams", repeated, "each team name once")
+        try:
+            users.check_ids(names)  # each team's jobs run as a Unix user whose uid hashes its name
+        except UsageError as exc:
+            raise ConfigError("gpufleet:teams", names, str(exc)) from None
 
     def _check_budget(self) -> None:
         wanted = BUDGET_KEY[self.currency]

@@ -112,11 +112,12 @@ def node_json(cfg: StackConfig, part: Partition, *, bucket: str, asg_name: str, 
               slurm_: dict | None, mounts: list | None, registry: str | None = None) -> dict:
     """A partition's /etc/gpufleet/node.json, the one builder of every cloud's stack, checked by the node schema
     as its writer: the stack's bucket, metric dimension (``asg_name``), log group and namespace, the partition's
-    instance types, the registry, Slurm's settings, the mounts and the cloud's own object (``own``, under the
-    cloud's name)."""
+    instance types, the registry, the teams (whose Unix users setup makes), Slurm's settings, the mounts and the
+    cloud's own object (``own``, under the cloud's name)."""
     doc = {"cloud": cfg.cloud, "stack": cfg.stack, "region": cfg.region, "bucket": bucket, "asg_name": asg_name,
            "log_group": log_group, "metric_namespace": metrics.namespace(cfg.stack),
-           "instance_types": instance_types(cfg.cloud, part), "registry": registry, cfg.cloud: own}
+           "instance_types": instance_types(cfg.cloud, part), "registry": registry, cfg.cloud: own,
+           "teams": [t.name for t in cfg.teams]}
     doc.update({k: v for k, v in (("slurm", slurm_), ("mounts", mounts)) if v is not None})
     return node_schema.check(doc, complete=True)
 

@@ -3,7 +3,8 @@
 #   Debian packages (apt-get, as root): packer (validate only; bakes need HashiCorp's >= 1.10), shellcheck,
 #   cloud-init, jq, curl, systemd (systemd-analyze), docker.io, Slurm 22.05 (slurmctld, slurmd, slurm-client),
 #   munge, slurmdbd and mariadb-server (Slurm accounting), iptables and iproute2 (the image's metadata filter, run
-#   in a network namespace of its own), npm; Azurite from npm into node_modules/.
+#   in a network namespace of its own), npm, python3-venv where /usr/bin/python3 lacks ensurepip (make venv uses it);
+#   Azurite from npm into node_modules/.
 # Each is looked for by the program the tests run: dockerd, not the docker CLI some machines ship without it.
 # apt-get waits (up to 10 minutes) for another apt-get or dpkg to finish. While it installs, a policy-rc.d keeps
 # the packages from starting their daemons (the tests start their own), unless the machine already has one.
@@ -44,6 +45,11 @@ packages=()
 for entry in "${DEBIAN[@]}"; do
   command -v "${entry%%:*}" >/dev/null || packages+=("${entry#*:}")
 done
+# make venv makes .venv from the system's Python where there is one (the box's team users must run it); its venv
+# module needs ensurepip, which Debian ships apart.
+if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+  packages+=(python3-venv)
+fi
 
 if [ ${#packages[@]} -gt 0 ]; then
   [ "$EUID" -eq 0 ] || fail "cannot install ${packages[*]}: not root (run it as root, or install these Debian packages)"

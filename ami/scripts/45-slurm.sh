@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Slurm and MUNGE, one pinned version of each for the controller and every node (ami/versions.json), built from
 # their verified release tarballs into /usr/local; the accounts with fixed ids (munge, slurm, and gpufleet, the
-# user jobs run as); their systemd units, enabled by no one: `gpufleet-trainer setup node|controller` writes the
-# munge key and the daemons' settings at boot, then starts them. Slurm's power saving programs for the controller;
-# the nodes' Prolog, Epilog and TaskProlog.
+# bridge's user, which submits each team's jobs as the team's user); their systemd units, enabled by no one:
+# `gpufleet-trainer setup node|controller` writes the munge key and the daemons' settings at boot, then starts them.
+# Slurm's power saving programs for the controller; the nodes' Prolog, Epilog and TaskProlog.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -13,6 +13,12 @@ account slurm "$(manifest .accounts.slurm.uid)" "$(manifest .accounts.slurm.gid)
 account gpufleet "$(manifest .accounts.gpufleet.uid)" "$(manifest .accounts.gpufleet.gid)" \
   "$(manifest .accounts.gpufleet.home)"
 install -d -o gpufleet -g gpufleet -m 0755 "$(manifest .accounts.gpufleet.home)"
+# Jobs run as their team's user (gpufleet-<team>, made at boot from the settings' teams: trainer.slurm.users), each a
+# member of gpufleet-teams; the bridge may submit and cancel as those members, nothing else.
+getent group gpufleet-teams >/dev/null || groupadd --system gpufleet-teams
+visudo -cf /tmp/gpufleet-ami/files/sudoers-gpufleet-bridge >/dev/null ||
+  die "visudo refuses files/sudoers-gpufleet-bridge"
+install -o root -g root -m 0440 /tmp/gpufleet-ami/files/sudoers-gpufleet-bridge /etc/sudoers.d/gpufleet-bridge
 
 # The distribution's MUNGE and Slurm never come in beside the built ones (another version, other paths).
 distribution_packages="munge libmunge2 libmunge-dev slurm-client slurmd slurmctld slurmdbd slurm-wlm* libslurm*"
@@ -83,9 +89,8 @@ done
 # The controller holds slurm.conf and gres.conf (its user-data writes them); nodes fetch them (configless).
 install -d -m 0755 "$slurm_etc" /var/spool/slurmd
 install -d -o slurm -g slurm -m 0755 /var/log/slurm
-# Job output (the bridge's --output-dir), written by the jobs themselves.
-install -d -m 0755 /var/log/gpufleet
-install -d -o gpufleet -g gpufleet -m 0755 /var/log/gpufleet/jobs
+# Job output (the bridge's --output-dir): a directory per team below it, its user's (setup makes them at boot).
+install -d -m 0755 /var/log/gpufleet /var/log/gpufleet/jobs
 
 install -m 0644 /tmp/gpufleet-ami/systemd/munge.service /tmp/gpufleet-ami/systemd/slurmd.service \
   /tmp/gpufleet-ami/systemd/slurmctld.service /tmp/gpufleet-ami/systemd/slurmdbd.service /etc/systemd/system/

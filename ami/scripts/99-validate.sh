@@ -46,6 +46,11 @@ visudo -cf /etc/sudoers.d/gpufleet-container >/dev/null || die "visudo refuses /
   die "/etc/sudoers.d/gpufleet-container is not root's, mode 0440"
 runuser -u gpufleet -- sudo -n /usr/local/sbin/gpufleet-container --help >/dev/null ||
   die "gpufleet cannot start gpufleet-container through sudo (python -m trainer container)"
+# The bridge submits each team's jobs as the team's user (a member of gpufleet-teams), through its own sudoers rule.
+getent group gpufleet-teams >/dev/null || die "no group gpufleet-teams (the teams' users join it at boot)"
+visudo -cf /etc/sudoers.d/gpufleet-bridge >/dev/null || die "visudo refuses /etc/sudoers.d/gpufleet-bridge"
+[ "$(stat -c '%U:%G %a' /etc/sudoers.d/gpufleet-bridge)" = "root:root 440" ] ||
+  die "/etc/sudoers.d/gpufleet-bridge is not root's, mode 0440"
 for unit in munge slurmd slurmctld slurmdbd mariadb; do
   ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
 done

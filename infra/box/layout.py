@@ -26,6 +26,7 @@ from pathlib import Path
 
 from trainer.jobs.commands import box_dir as default_dir  # noqa: F401 (the one default)
 from trainer.slurm.accounts import Dbd
+from trainer.slurm.users import GROUP
 from trainer.slurm.conf import Cluster, LocalNode, Partition
 
 PARTITION = "gpu"
@@ -75,8 +76,21 @@ class Layout:
         socket searchable by all, which a home directory (0700 on Debian 12) or pytest's temporary directory is
         not; slurmstepd's sockets in the spool directory must fit a socket path's 108 bytes, which a deep
         --dir does not."""
-        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        return Path("/tmp") / f"gpufleet-box-{digest}"
+        return Path("/tmp") / f"gpufleet-box-{self.digest}"
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+
+    @property
+    def launcher(self) -> Path:
+        """The box's launcher of jobs' containers, as /usr/local/sbin/gpufleet-container on a node: in /run, where
+        only root writes, as the sudoers rule that names it (:attr:`sudoers_rule`) requires."""
+        return Path("/run") / f"gpufleet-box-{self.digest}" / "gpufleet-container"
+
+    @property
+    def sudoers_rule(self) -> Path:
+        return Path("/etc/sudoers.d") / f"gpufleet-box-{self.digest}"
 
     @property
     def munge_socket(self) -> Path:
@@ -106,6 +120,14 @@ class Layout:
     @property
     def work_dir(self) -> Path:
         return self.root / "work"
+
+    def team_work_dir(self, team: str) -> Path:
+        """A team's work directory (the task's WORK_DIR/teams/<team>: its jobs' files and bundle cache)."""
+        return self.work_dir / "teams" / team
+
+    def team_output_dir(self, team: str) -> Path:
+        """Where Slurm writes a team's job output (the bridge's --output-dir/<team>)."""
+        return self.output_dir / team
 
     def node_names(self) -> list[str]:
         return [f"{PARTITION}-{i}" for i in range(1, self.nodes + 1)]
@@ -185,6 +207,12 @@ def box_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+def team_users() -> bool:
+    """Whether the box runs each team's jobs as the team's Unix user (trainer.slurm.users), as a cluster does: only
+    root can make those users and have slurmd run jobs as them; a box of another user runs every job as it."""
+    return os.geteuid() == 0
+
+
 def program_script(python: str, action: str, nodes_config: Path, slurm_conf: Path, log: Path) -> str:
     """A power saving program: slurmctld runs it with a hostlist and an environment of its own (no PATH, no
     PYTHONPATH), so it names the checkout the box runs: the one a python's editable install points at may be
@@ -201,12 +229,13 @@ def job_programs(layout: Layout) -> dict[str, str]:
     return {p: str(layout.program(p)) for p in ("prolog", "epilog", "task_prolog")}
 
 
-def job_program_scripts(layout: Layout, python: str, env: dict[str, str], bridge_user: str,
+def job_program_scripts(layout: Layout, python: str, env: dict[str, str], bridge_user: str | None,
                         bucket: str) -> dict[str, str]:
     """What the box's job programs run: ``trainer credentials prolog|epilog`` with the node's own credentials (the
     account's: the environment ``env`` names, since slurmd gives a Prolog none), and the images' TaskProlog
-    with the node's directory and endpoint (slurmd names the node: SLURMD_NODENAME). A Prolog that fails is logged
-    and ends 0: Slurm would drain the node."""
+    with the node's directory and endpoint (slurmd names the node: SLURMD_NODENAME). ``bridge_user``: who the
+    bridge submits as, None where it submits as each team's user. A Prolog that fails is logged and ends 0: Slurm
+    would drain the node."""
     keep = {k: v for k, v in env.items() if k.startswith("AWS_") or k in ("SLURM_CONF", "PYTHONPATH", "PATH")}
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(keep.items()))
     log = shlex.quote(str(layout.log_dir / "credentials.log"))
@@ -217,14 +246,36 @@ def job_program_scripts(layout: Layout, python: str, env: dict[str, str], bridge
         f"endpoint=http://127.0.0.1:{layout.ports()[f'credentials {n}']}/v1/credentials ;;\n"
         for n in layout.node_names())
     node = f'case "${{SLURMD_NODENAME:-}}" in\n{nodes}  *) exit 0 ;;\nesac\n'
+    bridge = f" --bridge-user {shlex.quote(bridge_user)}" if bridge_user else ""  # else: each team's user
     return {
         "prolog": (f"#!/bin/sh\n# Slurm's Prolog for the box: the job's own credentials on this node\n{node}{exports}"
-                   f'{cred} prolog --dir "$directory" --bridge-user {shlex.quote(bridge_user)} --bucket '
+                   f'{cred} prolog --dir "$directory"{bridge} --bucket '
                    f"{shlex.quote(bucket)} --region {shlex.quote(env['AWS_DEFAULT_REGION'])} >>{log} 2>&1\nexit 0\n"),
         "epilog": f'#!/bin/sh\n{node}{exports}{cred} epilog --dir "$directory" >>{log} 2>&1\nexit 0\n',
         "task_prolog": ("#!/bin/sh\n# Slurm's TaskProlog for the box: the images' own, with this node's directory and "
                         f'endpoint\n{node}exec /bin/bash {task_prolog} /nonexistent "$directory" "$endpoint"\n'),
     }
+
+
+def launcher_script(python: str, docker_host: str | None) -> str:
+    """The box's launcher (root's, 0755): the images' gpufleet-container with the box's Python and Docker daemon.
+    Nothing of the caller's reaches the module but sudo's SUDO_UID and SUDO_GID (``env -i``, ``python -I``)."""
+    keep = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+            *([f"DOCKER_HOST={docker_host}"] if docker_host else [])]
+    return ("#!/bin/sh\n# the box's launcher of jobs' containers (ami/files/gpufleet-container.sh on a node)\n"
+            '[ "$(id -u)" = 0 ] || { echo "gpufleet-container: must run as root (through sudo)" >&2; exit 2; }\n'
+            "cd /\n"
+            f"exec env -i {' '.join(shlex.quote(k) for k in keep)} "
+            '${SUDO_UID:+SUDO_UID="$SUDO_UID"} ${SUDO_GID:+SUDO_GID="$SUDO_GID"} '
+            f'{shlex.quote(python)} -I -m trainer container "$@"\n')
+
+
+def launcher_rule(launcher: Path) -> str:
+    """The box's sudoers rule: the teams' users may run the box's launcher as root, nothing else (the images' rule
+    for their own launcher, ami/files/sudoers-gpufleet-container, is every user's)."""
+    return (f"# the box's launcher of jobs' containers (infra.box); removed when the box stops\n"
+            f"Defaults!{launcher} env_reset, !env_keep, !env_check, !requiretty\n"
+            f"%{GROUP} ALL=(root) NOPASSWD: {launcher}\n")
 
 
 # The box's nvidia-smi: what the health check asks (the index of each GPU) for the node's one stand-in GPU.

@@ -8,7 +8,9 @@ does on a controller). Nodes are Slurm CLOUD nodes: slurmctld's power saving sta
 notice at its metadata endpoint. The bridge and the healer publish the controller's gauges to the box's EMF file.
 
 Slurm's accounting is the box's own MariaDB and slurmdbd: each team of the stack's config (gpufleet:teams) an
-account with its fair share and GPU limit, which Slurm enforces; the bridge submits under the first team's.
+account with its fair share and GPU limit, which Slurm enforces. A box run by root runs each team's jobs as the
+team's Unix user, as a cluster does (trainer.slurm.users: it makes them on this machine, gpufleet-<team>); a box
+of another user runs them all as that user.
 
 SIGTERM stops it all: the bridge and the healer, the nodes (their slurmd, watchers and jobs), slurmctld, slurmdbd,
 MariaDB, munged, moto, and anything left below this process; then state.json is removed.
@@ -16,12 +18,14 @@ MariaDB, munged, moto, and anything left below this process; then state.json is 
 from __future__ import annotations
 
 import functools
+import grp
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -34,7 +38,8 @@ from infra.demo.account import CREDENTIALS, REPO, Account, become_subreaper, des
 from infra.demo.imds import FakeImds
 from infra.preview.__main__ import stack_file
 from trainer.node import metric_names
-from trainer.slurm import accounts
+from trainer.node.container import LAUNCHER_VARIABLE
+from trainer.slurm import accounts, users
 from trainer.slurm.conf import render_gres_conf, render_slurm_conf
 from trainer.slurm.nodes import LocalProvider
 
@@ -66,16 +71,24 @@ class Supervisor:
                    GPUFLEET_EMF_LOG=str(self.layout.log_dir / "metrics.log"),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                    OMP_NUM_THREADS="1", TMPDIR=str(self.layout.root / "tmp"), **{BOX_ID: self.box_id})
+        if lay.team_users():  # the jobs' tasks reach Docker through the box's launcher
+            env[LAUNCHER_VARIABLE] = str(self.layout.launcher)
         return env
 
     def start(self) -> dict:
         L = self.layout
+        if lay.team_users():  # a box its teams' users cannot reach stops before anything is made or started
+            for above in L.root.parents:
+                if not os.stat(above).st_mode & stat.S_IXOTH:
+                    raise RuntimeError(f"the teams' users cannot reach {L.root}: {above} is not searchable by "
+                                       "others (give --dir below a directory they can reach, such as /tmp)")
         for d in (L.root / "account", L.root / "tmp", L.slurm / "bin", L.slurm / "state",
                   L.log_dir, L.run_dir, L.output_dir, L.work_dir, L.munge_key.parent,
                   *(L.notice_file(n).parent for n in L.node_names())):
             d.mkdir(parents=True, exist_ok=True)
         L.sockets.mkdir(mode=0o755, exist_ok=True)
         L.spool_dir.mkdir(exist_ok=True)
+        self.open_to_teams()
         self.account.start(preview_document(self.stack))
         self.account.provision()
         r = self.account.res
@@ -102,6 +115,67 @@ class Supervisor:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(L.state_file)
         return state
+
+    def open_to_teams(self) -> None:
+        """Each team's work and output directory; where the box runs jobs as the teams' users (root: see
+        trainer.slurm.users), those users made and their directories theirs (0700), and what their jobs must reach
+        searchable or writable: the box's directory (0711, every directory above it searchable), slurm.conf, the
+        box's TMPDIR (1777) and its EMF file (appended by the teams' group, 0620), never the munge key, the
+        accounting, the bridge's env values or Slurm's state (0700); and the box's launcher of jobs' containers,
+        which the teams' users may run through sudo (:meth:`install_launcher`)."""
+        L = self.layout
+        names = [t.name for t in self.teams]
+        if not lay.team_users():
+            for team in names:
+                L.team_work_dir(team).mkdir(parents=True, exist_ok=True)
+                L.team_output_dir(team).mkdir(parents=True, exist_ok=True)
+            return
+        for argv in users.plan(names, *users.machine()):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)}: {(done.stderr or done.stdout).strip()}")
+            log.info("users: %s", " ".join(argv))
+        os.chmod(L.root, 0o711)
+        os.chmod(L.root / "tmp", 0o1777)
+        for private in (L.slurm / "state", L.munge_key.parent, L.root / "account"):
+            os.chmod(private, 0o700)
+        metrics = L.log_dir / "metrics.log"
+        metrics.touch()
+        os.chown(metrics, 0, grp.getgrnam(users.GROUP).gr_gid)
+        os.chmod(metrics, 0o620)
+        for team in names:
+            uid = users.uid_of(team)
+            for d in (L.team_work_dir(team), L.team_output_dir(team)):
+                d.mkdir(parents=True, exist_ok=True)
+                os.chown(d, uid, uid)
+                os.chmod(d, 0o700)
+        self.install_launcher()
+        team = users.name_of(names[0])
+        probe = subprocess.run(["runuser", "-u", team, "--", self.python, "-c", "import trainer"], cwd="/",
+                               env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)},
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            why = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+            raise RuntimeError(f"the teams' users cannot run {self.python} with the trainer: {why} (a Python below "
+                               "a private home directory cannot run as them: make the venv from /usr/bin/python3)")
+
+    def install_launcher(self) -> None:
+        """The box's launcher of jobs' containers (root's, in /run) and the sudoers rule that lets the teams' users
+        run it (checked by visudo before sudo reads it); both removed when the box stops."""
+        L = self.layout
+        L.launcher.parent.mkdir(mode=0o755, exist_ok=True)
+        tmp = L.launcher.with_suffix(".tmp")
+        tmp.write_text(lay.launcher_script(self.python, os.environ.get("DOCKER_HOST")))
+        tmp.chmod(0o755)
+        tmp.replace(L.launcher)
+        rule = L.sudoers_rule.with_suffix(".tmp")  # sudo reads no file whose name holds a dot
+        rule.write_text(lay.launcher_rule(L.launcher))
+        rule.chmod(0o440)
+        checked = subprocess.run(["visudo", "-cf", str(rule)], capture_output=True, text=True)
+        if checked.returncode != 0:
+            rule.unlink()
+            raise RuntimeError(f"visudo refuses the box's sudoers rule: {checked.stdout.strip()}")
+        rule.replace(L.sudoers_rule)
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         with open(self.layout.log_dir / f"{name}.out", "ab") as out:
@@ -174,8 +248,9 @@ class Supervisor:
             time.sleep(0.1)
 
     def apply_teams(self) -> None:
-        """Each team of the stack an account with its fair share and GPU limit; the box's user (the bridge's, and
-        whoever submits with sbatch here) in each. Slurm knows gres/gpu once slurmctld registered: retried."""
+        """Each team of the stack an account with its fair share and GPU limit, with its team's user; the box's
+        user (whoever submits with sbatch here, and the bridge where it submits as itself) in each. Slurm knows
+        gres/gpu once slurmctld registered: retried."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
@@ -196,7 +271,8 @@ class Supervisor:
         (L.slurm / "gres.conf").write_text(render_gres_conf(cluster))
         L.nodes_config.write_text(json.dumps(lay.nodes_config(L, self.python, {
             n: i.endpoint for n, i in self.imds.items()}), indent=2))
-        for program, text in lay.job_program_scripts(L, self.python, self.env(), lay.box_user(),
+        bridge_user = None if lay.team_users() else lay.box_user()
+        for program, text in lay.job_program_scripts(L, self.python, self.env(), bridge_user,
                                                          self.account.res.bucket_name).items():
             L.program(program).write_text(text)
             L.program(program).chmod(0o755)
@@ -232,7 +308,7 @@ class Supervisor:
             self.python, "-m", "trainer", "controller", *queues,
             "--bucket", r.bucket_name, "--output-dir", str(L.output_dir), "--python", self.python,
             "--instance-type", L.instance_type, "--metric-namespace", self.metric_namespace,
-            "--env-dir", str(L.bridge_env)])
+            "--env-dir", str(L.bridge_env), "--submit-as", "team" if lay.team_users() else "self"])
 
     def start_credentials(self, node: str) -> None:
         """A node's job credentials endpoint (on a node: gpufleet-credentials.service, as root), which issues each
@@ -312,6 +388,9 @@ class Supervisor:
             imds.__exit__(None, None, None)
         self.account.close()
         shutil.rmtree(self.layout.sockets, ignore_errors=True)
+        if lay.team_users():
+            self.layout.sudoers_rule.unlink(missing_ok=True)
+            shutil.rmtree(self.layout.launcher.parent, ignore_errors=True)
         self.layout.state_file.unlink(missing_ok=True)
 
 

@@ -259,7 +259,7 @@ class Box:
     def metrics(self, job: str) -> list[tuple[str, list[dict]]]:
         """The job's metrics files, one per attempt (its rank 0's node): [(node, records)]."""
         found = []
-        for path in (self.dir / "work" / "nodes").glob(f"*/jobs/{job}/metrics-*.jsonl"):
+        for path in (self.dir / "work" / "teams").glob(f"*/nodes/*/jobs/{job}/metrics-*.jsonl"):
             attempt = path.stem.rsplit("-", 1)[1]
             found.append((int(attempt) if attempt.isdigit() else 0, path.parents[2].name, read_metrics(path)))
         return [(node, recs) for _, node, recs in sorted(found)]
@@ -271,6 +271,8 @@ def run(args: argparse.Namespace, display: Display) -> pg.Summary:
     started = time.monotonic()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="gpufleet-demo-"))
     work.mkdir(parents=True, exist_ok=True)
+    if not args.work_dir:  # the box's jobs, as the teams' users where root runs it, must reach the box below it
+        work.chmod(0o711)
     box_dir = work / "box"
     try:
         display.say(f"preview of stack {args.stack} (in-process, mock runtime)")

@@ -3,8 +3,8 @@ spot notice, and the summary (steps lost and redone, requeue latency, GPU-hours 
 Pure functions on plain data; the orchestration (infra.demo.cli) reads the files, the records and Slurm.
 
 A metrics file (one per job attempt, written by the attempt's rank 0 on its node:
-``<box>/work/nodes/<node>/jobs/<job>/metrics-<attempt>.jsonl``) holds one record per optimizer step: ``step``,
-``loss``, ``time`` (wall clock when written), ``step_time_s`` and, on a step whose checkpoint was saved,
+``<box>/work/teams/<team>/nodes/<node>/jobs/<job>/metrics-<attempt>.jsonl``) holds one record per optimizer
+step: ``step``, ``loss``, ``time`` (wall clock when written), ``step_time_s`` and, on a step whose checkpoint was saved,
 ``checkpoint_s``. A run is a stretch of increasing steps. A job's files are given as ``[(node, records)]``.
 """
 from __future__ import annotations

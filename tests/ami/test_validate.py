@@ -44,7 +44,9 @@ class Build:
         self.gpufleet_groups = "gpufleet"
         self.visudo_ok = self.launcher_ok = True
         self.modes = {"/usr/local/sbin/gpufleet-container": "root:root 755",
-                      "/etc/sudoers.d/gpufleet-container": "root:root 440"}
+                      "/etc/sudoers.d/gpufleet-container": "root:root 440",
+                      "/etc/sudoers.d/gpufleet-bridge": "root:root 440"}
+        self.teams_group = True  # the group of the teams' users, whom the bridge may submit as
         self.iptables = True
         (r / "etc/gpufleet").mkdir(parents=True)
         stub(r / "sbin", "mount.nfs", "exit 0\n")
@@ -102,6 +104,7 @@ class Build:
             groups=self.gpufleet_groups, slurm=m["accounts"]["slurm"]["uid"],
             gpufleet=m["accounts"]["gpufleet"]["uid"]))
         stub(s, "visudo", f'echo "$*" >>{self.state}/visudo\nexit {0 if self.visudo_ok else 1}\n')
+        stub(s, "getent", f'[ "$*" = "group gpufleet-teams" ] && exit {0 if self.teams_group else 2}\nexit 2\n')
         (s / "modes").write_text("".join(f"{path} {mode}\n" for path, mode in self.modes.items()))
         stub(s, "stat", f'grep "^$3 " {s}/modes | cut -d" " -f2-\n')
         stub(s, "runuser", f'echo "$*" >>{self.state}/runuser\nexit {0 if self.launcher_ok else 1}\n')
@@ -135,7 +138,8 @@ def test_a_good_build_passes_and_records_what_it_saw(tmp_path, manifest, cloud):
         assert "aznfs" not in seen
     assert sorted((tmp_path / "state/trainer").read_text().split()) == ["container", "controller", "credentials",
                                                                          "nodes", "setup", "task"]
-    assert (tmp_path / "state/visudo").read_text() == "-cf /etc/sudoers.d/gpufleet-container\n"
+    assert (tmp_path / "state/visudo").read_text() == ("-cf /etc/sudoers.d/gpufleet-container\n"
+                                                       "-cf /etc/sudoers.d/gpufleet-bridge\n")
     assert (tmp_path / "state/runuser").read_text() == (
         "-u gpufleet -- sudo -n /usr/local/sbin/gpufleet-container --help\n")  # the rule, the launcher, the module
 
@@ -147,6 +151,8 @@ def test_a_good_build_passes_and_records_what_it_saw(tmp_path, manifest, cloud):
     ("launcher missing", "/usr/local/sbin/gpufleet-container is not root's, mode 0755"),
     ("rule not 0440", "/etc/sudoers.d/gpufleet-container is not root's, mode 0440"),
     ("sudo refuses", "gpufleet cannot start gpufleet-container through sudo (python -m trainer container)"),
+    ("no teams group", "no group gpufleet-teams (the teams' users join it at boot)"),
+    ("bridge rule not 0440", "/etc/sudoers.d/gpufleet-bridge is not root's, mode 0440"),
 ])
 def test_a_job_user_with_another_way_to_docker_or_none_fails_the_build(tmp_path, manifest, defect, message):
     """The docker group is root on the host: gpufleet is not in it, and reaches containers through the launcher (a
@@ -162,6 +168,10 @@ def test_a_job_user_with_another_way_to_docker_or_none_fails_the_build(tmp_path,
         del build.modes["/usr/local/sbin/gpufleet-container"]
     elif defect == "rule not 0440":
         build.modes["/etc/sudoers.d/gpufleet-container"] = "root:root 644"
+    elif defect == "no teams group":
+        build.teams_group = False
+    elif defect == "bridge rule not 0440":
+        build.modes["/etc/sudoers.d/gpufleet-bridge"] = "gpufleet:root 640"
     else:
         build.launcher_ok = False
     result = build.run(tmp_path)

@@ -311,6 +311,8 @@ def test_teams_default_to_one_and_dev_names_two_with_shares_and_a_gpu_limit():
     ([{"name": "ml", "fairShare": 0}], "gpufleet:teams.0.fairShare: 0 is not allowed; a number >= 1"),
     ([{"name": "ml", "gpuLimit": -1}], "gpufleet:teams.0.gpuLimit: -1 is not allowed; a number >= 0"),
     ([{"name": "ml", "gpus": 4}], "gpufleet:teams.0.gpus: 4 is not allowed; unknown key"),
+    ([{"name": "t70"}, {"name": "t255"}], 'gpufleet:teams: ["t70", "t255"] is not allowed; teams t70 and t255 would '
+                                          'have one Unix uid (52875); rename one'),  # trainer.slurm.users' hash
 ])
 def test_a_bad_team_is_one_line(teams, message):
     with pytest.raises(config.ConfigError) as exc:

@@ -300,6 +300,15 @@ def test_slurm_node_user_data_size_limits():
         render_node_user_data({**tencent, "instance_types": {f"GT{i}.20XLARGE320": {"gpus": 8} for i in range(200)}})
 
 
+def test_a_stacks_nodes_are_told_its_teams_whose_users_they_make():
+    nodes = dict(_stack_nodes())
+    assert nodes["dev"]["teams"] == ["vision", "nlp"] and nodes["prod"]["teams"] == ["default"]
+    with pytest.raises(ValueError, match="^node.teams: a team is named twice$"):
+        render_node_user_data({**nodes["dev"], "teams": ["nlp", "nlp"]})
+    with pytest.raises(ValueError, match="^node.teams: expected a non-empty list of team names"):
+        render_node_user_data({**nodes["dev"], "teams": ["../etc"]})
+
+
 @pytest.mark.parametrize("stack", ["dev", "prod", "azure", "tencent"])
 def test_every_stacks_node_settings_render_slurm_user_data(stack, tmp_path):
     node = {**dict(_stack_nodes())[stack], "slurm": {**SLURM, "munge": f"gpufleet-{stack}-munge"}}

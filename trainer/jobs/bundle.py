@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from trainer.errors import UsageError
 from trainer.loop.storage import open_store
@@ -166,6 +166,10 @@ def unpack(archive: str | os.PathLike, dest: str | os.PathLike, max_bytes: int =
     archive of a huge file would otherwise fill the node's disk."""
     with tarfile.open(archive, "r:gz") as tar:
         members = tar.getmembers()
+        for m in members:  # what pack writes: regular files below the bundle's root, nothing else
+            parts = PurePosixPath(m.name).parts
+            if not (m.isfile() or m.isdir()) or not parts or m.name.startswith("/") or ".." in parts:
+                raise ValueError(f"code bundle {Path(archive).name}: member {m.name!r} is not a file below its root")
         size = sum(m.size for m in members if m.isfile())
         if size > max_bytes:
             raise ValueError(f"code bundle {Path(archive).name}: its files are {size / MB:.1f} MB unpacked, over the "
@@ -173,5 +177,6 @@ def unpack(archive: str | os.PathLike, dest: str | os.PathLike, max_bytes: int =
         dest = Path(dest)
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        tar.extractall(dest, members=members, filter="data")
+        # and Python's own data filter where it has one (3.11.4 and later; Debian 12's 3.11.2 has not)
+        tar.extractall(dest, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     return dest

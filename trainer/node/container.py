@@ -45,6 +45,7 @@ from trainer.node.runner import (CONTAINER_ENV_FILE, SCRATCH, NodeFacts, Running
 log = logging.getLogger("gpufleet.container")
 
 LAUNCHER = "/usr/local/sbin/gpufleet-container"  # root's, run through sudo (ami/files/gpufleet-container.sh)
+LAUNCHER_VARIABLE = "GPUFLEET_CONTAINER_LAUNCHER"  # a box's own launcher (infra.box.layout), where it is not LAUNCHER
 NODE_JSON = Path("/etc/gpufleet/node.json")
 UID_LABEL = "gpufleet.uid"                     # the uid that started a container: who may stop it
 MAX_REQUEST = 1 << 20                          # bytes of JSON on stdin
@@ -58,11 +59,12 @@ DOCKER_ENV = ("PATH", "DOCKER_HOST", "LANG")    # what of the launcher's environ
 
 
 def launcher_argv() -> list[str]:
-    """How the task reaches the launcher: through sudo (non-interactive) unless it already is root (a box, a test
-    run by root), where it runs the launcher's module with this Python."""
+    """How the task reaches the launcher: through sudo (non-interactive) unless it already is root (a test run by
+    root), where it runs the launcher's module with this Python. A box names its own launcher (LAUNCHER_VARIABLE),
+    which its sudoers rule names: the variable chooses only what sudo is asked for."""
     if os.getuid() == 0:
         return [sys.executable, "-m", "trainer", "container"]
-    return ["sudo", "-n", LAUNCHER]
+    return ["sudo", "-n", os.environ.get(LAUNCHER_VARIABLE) or LAUNCHER]
 
 
 def caller() -> tuple[int, int]:

@@ -6,10 +6,11 @@ Three parts, the way AWS hands credentials to containers (ECS task roles, EKS Po
 - Slurm's Prolog (``prolog``, root, before a job's first task on a node) grants the job: it writes the grant
   (``grants/<slurm id>.json``, root only: the gpufleet job, the digest of a fresh token) and the token
   (``tokens/<slurm id>``, the job's uid, 0400) in a directory only root writes. Which gpufleet job a Slurm job
-  is comes from Slurm and the bucket, never from the job: the batch script the bridge's user submitted names
-  it (trainer.slurm.batch.job_id_of), and the job's record must name this Slurm job (the bridge writes it
-  after sbatch). Anything else, a user's own sbatch script or a job's script claiming another job, is the
-  bridge's mirror job ``slurm-<id>`` (trainer.slurm.bridge.MIRROR_PREFIX) and gets that prefix.
+  is comes from Slurm and the bucket, never from the job: the batch script the team's user submitted under the
+  team's account (the bridge submits as it: trainer.slurm.users) names it (trainer.slurm.batch.job_id_of), and
+  the job's record must name this Slurm job (the bridge writes it after sbatch). Anything else, a user's own
+  sbatch script or a job's script claiming another job, is the bridge's mirror job ``slurm-<id>``
+  (trainer.slurm.bridge.MIRROR_PREFIX) and gets that prefix.
 - the daemon (``serve``, root, loopback only) answers ``GET /v1/credentials`` with ``Authorization: <token>``:
   the job's credentials from the cloud's issuer (AWS: the stack's job role through STS with a session policy
   narrowing it to the job, trainer.clouds.aws_credentials), cached and renewed before they expire. A token is
@@ -40,7 +41,7 @@ from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs.layout import team_of_account
 from trainer.jobs.records import RecordStore
 from trainer.node import node_schema
-from trainer.slurm import batch
+from trainer.slurm import batch, users
 from trainer.slurm import client as default_client
 from trainer.slurm.bridge import MIRROR_PREFIX
 
@@ -53,7 +54,6 @@ TOKEN = re.compile(r"([0-9]+)\.[A-Za-z0-9_-]{43}")
 SLURM_ID = re.compile(r"[0-9]+")
 RENEW_BEFORE_S = 20 * 60   # botocore asks again 15 minutes before expiry: hand out nothing closer to it
 RECORD_WAIT_S = 30.0        # how long the Prolog waits for the bridge to name the Slurm job in the record
-BRIDGE_USER = "gpufleet"    # who the bridge submits as (ami/systemd/gpufleet-bridge.service)
 
 Issuer = Callable[[str, str, str], "tuple[dict, float]"]  # (team, job id, session name) -> (credentials, expiry)
 
@@ -196,22 +196,24 @@ def serve(broker: Broker, host: str = HOST, port: int = PORT) -> ThreadingHTTPSe
 
 # --- Slurm's Prolog and Epilog -------------------------------------------------------------------------------
 
-def job_of(slurm_id: str, bridge_user: str, records_of: Callable[[str], RecordStore], slurm=None,
+def job_of(slurm_id: str, bridge_user: str | None, records_of: Callable[[str], RecordStore], slurm=None,
            wait_s: float = RECORD_WAIT_S, sleep: Callable[[float], None] = time.sleep) -> tuple[str, str]:
     """Which gpufleet job Slurm job ``slurm_id`` is, as (team, job id) (see the module's docstring);
-    ``records_of``: a team's records."""
+    ``records_of``: a team's records. ``bridge_user``: who the bridge submits as (a box's own user); None: each
+    team's jobs as the team's user (trainer.slurm.users), under the team's account only."""
     slurm = slurm or default_client
     job = slurm.job(slurm_id)
     if job is None:
         raise UsageError(f"credentials: Slurm job {slurm_id}: slurmctld does not know it")
-    mirror = (team_of_account(job.account), f"{MIRROR_PREFIX}{job.id}")  # as the bridge mirrors it
-    if job.user != bridge_user:
+    account_team = team_of_account(job.account)
+    mirror = (account_team, f"{MIRROR_PREFIX}{job.id}")  # as the bridge mirrors it
+    if job.user != (bridge_user or users.name_of(account_team)):
         return mirror
     script = slurm.batch_script(str(job.array_job_id or slurm_id))
     claimed = batch.job_id_of(script, job.array_task_id)
-    if claimed is None:
-        return mirror
     team = batch.team_of(script)
+    if claimed is None or (bridge_user is None and team != account_team):  # a script naming another team
+        return mirror
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -243,7 +245,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--bucket", help="the stack's bucket (default node.json's aws.bucket)")
     p.add_argument("--role-arn", help="the job role (default node.json's aws.job_role_arn)")
     p.add_argument("--region", help="default node.json's region")
-    p.add_argument("--bridge-user", default=BRIDGE_USER, help="who the bridge submits as (default %(default)s)")
+    p.add_argument("--bridge-user", help="the bridge submits every job as this user (a box whose user cannot make "
+                   "others); default: each team's jobs as the team's own user (gpufleet-<team>)")
     return p
 
 

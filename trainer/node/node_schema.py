@@ -13,6 +13,9 @@ Two optional parts serve a Slurm node (checked here for node.json and for the co
 - ``mounts``: ``[{"source", "target", "type", "options"}]``: network file systems (EFS over TLS, NFS) that
   user-data has cloud-init mount.
 
+``teams``: the stack's team names (``gpufleet:teams``): setup makes each team's Unix user, whom its jobs run as
+(trainer.slurm.users); none given, the one team ``default``.
+
 An AWS node also has ``aws``: ``{"job_role_arn", "bucket"}``: the role its credentials daemon assumes for each job
 (narrowed to the job's prefix of the bucket), and that bucket's name; neither is a secret.
 
@@ -216,9 +219,21 @@ def check(node, complete: bool = False) -> dict:
         check_mounts(node["mounts"])
     if "aws" in node:
         check_aws(node["aws"])
+    if "teams" in node:
+        check_team_names(node["teams"])
     if complete:
         _check_no_secrets(node, "")
     return node
+
+
+def check_team_names(value) -> list:
+    """node.json's ``teams``: a non-empty list of distinct team names (trainer.slurm.accounts' TEAM_NAME)."""
+    if not (isinstance(value, list) and value and all(isinstance(t, str) and _PARTITION.match(t) for t in value)):
+        raise ValueError("node.teams: expected a non-empty list of team names (1-15 lowercase letters and digits, "
+                         "starting with a letter)")
+    if len(set(value)) != len(value):
+        raise ValueError("node.teams: a team is named twice")
+    return value
 
 
 def load(path: str | Path, required: bool = True, hint: str = "user-data writes it on cluster nodes") -> dict:

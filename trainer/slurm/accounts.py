@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from trainer.errors import Fault, UsageError
+from trainer.slurm import users
 
 TEAM_NAME = re.compile(r"[a-z][a-z0-9]{0,14}\Z")  # a Slurm account and the tail of a Unix user's name
 DEFAULT_TEAM = "default"
@@ -61,6 +62,7 @@ def teams_of(entries: Iterable[dict]) -> tuple[Team, ...]:
     names = [t.name for t in teams]
     if len(set(names)) != len(names):
         raise UsageError(f"teams: names repeat ({', '.join(names)}); expected each team once")
+    users.check_ids(names)
     return teams
 
 
@@ -86,8 +88,9 @@ def parse_associations(text: str) -> list[Association]:
 
 def changes(existing: list[Association], teams: Iterable[Team], submitters: Iterable[str]) -> list[list[str]]:
     """The sacctmgr commands (arguments after ``sacctmgr -i``) that make the accounting hold ``teams``, each with
-    ``submitters`` (the users that submit jobs under the teams' accounts: the bridge's) in its account. Nothing
-    when it holds them already."""
+    its own user (trainer.slurm.users: the bridge submits the team's jobs as it, and it is in no other account)
+    and ``submitters`` (users that may submit under every team's account: a box's own user) in its account.
+    Nothing when it holds them already."""
     own = {a.account: a for a in existing if not a.user}
     members = {(a.account, a.user) for a in existing if a.user}
     out: list[list[str]] = []
@@ -97,7 +100,7 @@ def changes(existing: list[Association], teams: Iterable[Team], submitters: Iter
             out.append(["add", "account", team.name, f"Description=gpufleet team {team.name}", *team.settings()])
         elif (have.fair_share, have.grp_tres) != (str(team.fair_share), team.grp_tres):
             out.append(["modify", "account", "where", f"name={team.name}", "set", *team.settings()])
-        for user in submitters:
+        for user in [users.name_of(team.name), *submitters]:
             if (team.name, user) not in members:
                 out.append(["add", "user", user, f"account={team.name}"])
     return out

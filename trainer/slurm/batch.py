@@ -33,7 +33,7 @@ class Site:
 
     bucket: str                 # the stack's bucket (records, checkpoints, logs)
     python: str                 # the node image's Python (the trainer is installed in it)
-    output_dir: str             # where Slurm writes each job's output on its first node
+    output_dir: str             # where Slurm writes each job's output on its first node: <output_dir>/<team>/
     partition: str | None = None
     gpus: int = 0               # GPUs of a node of the partition (a job without gpus_per_node gets them all)
     instance_type: str | None = None  # the partition's instance type (records: GPU-hours and cost)
@@ -71,6 +71,7 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
     head = jobs[0]
     first = first_attempts or [len(j.attempts) + 1 for j in jobs]
     name = head.array["id"] if head.array else head.job_id
+    output = f"{site.output_dir}/{site.account or DEFAULT_TEAM}"  # each team's own (setup makes it, 0700)
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name={NAME_PREFIX}{name}",
              f"#SBATCH --comment={COMMENT_PREFIX}{key}",
@@ -78,8 +79,8 @@ def render(jobs: list[Job], site: Site, key: str, first_attempts: list[int] | No
              "#SBATCH --ntasks-per-node=1",
              "#SBATCH --requeue",
              "#SBATCH --open-mode=append",
-             f"#SBATCH --chdir={site.output_dir}",
-             f"#SBATCH --output={site.output_dir}/%x-{'%A_%a' if len(jobs) > 1 else '%j'}.out"]
+             f"#SBATCH --chdir={output}",
+             f"#SBATCH --output={output}/%x-{'%A_%a' if len(jobs) > 1 else '%j'}.out"]
     if site.partition:
         lines.append(f"#SBATCH --partition={site.partition}")
     if site.account:

@@ -25,6 +25,10 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
   pending for over an hour) as EMF records in the file GPUFLEET_EMF_LOG names ("-": standard output, where the
   controller's unit appends it to /var/log/gpufleet/controller-metrics.log for the CloudWatch agent).
 
+Each team's jobs run as the team's Unix user (trainer.slurm.users): the bridge submits and cancels them as it
+(``sudo -n -u gpufleet-<team>``; ``--submit-as self`` submits as the bridge's own user, for a box whose user
+cannot make others).
+
 Nodes are not the bridge's: it runs as an unprivileged user, and powering a node down needs Slurm's
 administrator. ``python -m trainer nodes heal`` (trainer.slurm.nodes) does that, as the slurm user.
 """
@@ -50,7 +54,7 @@ from trainer.jobs.records import RecordStore, UnknownJob
 from trainer.jobs.spec import JOB_ID, Job, hidden_names, parse_job, retry_decision, validate
 from trainer.node import metric_names, node_schema
 from trainer.node.emf import Emitter
-from trainer.slurm import accounts, batch, client
+from trainer.slurm import accounts, batch, client, users
 from trainer.slurm.client import SlurmError, SlurmJob
 from trainer.slurm.envkeep import DEFAULT_DIR, EnvKeep
 from trainer.slurm.states import lifecycle
@@ -111,7 +115,8 @@ def job_gauges(jobs: list[SlurmJob], now: float) -> dict[str, float]:
 class Bridge:
     def __init__(self, queue: JobQueue | None, records_of: Callable[[str], RecordStore], site: batch.Site,
                  slurm=client, clock=time.time, receive_wait_s: int = 1, array_wait_s: float = ARRAY_WAIT_S,
-                 emitter=None, env_keep: EnvKeep | None = None, team_queues: dict[str, JobQueue] | None = None):
+                 emitter=None, env_keep: EnvKeep | None = None, team_queues: dict[str, JobQueue] | None = None,
+                 team_users: bool = False):
         # each team's queue (a message's team is the queue it came through); or one queue, for site.account's team
         self.queues: dict[str, JobQueue] = dict(team_queues) if team_queues else {
             site.account or DEFAULT_TEAM: queue}
@@ -120,8 +125,11 @@ class Bridge:
         self._records: dict[str, RecordStore] = {}
         for team in self.queues:  # made now, not between a message's receipt and its sbatch
             self.records(team)
+        # each team's jobs submitted as the team's Unix user (trainer.slurm.users), which they then run as; else
+        # as the bridge's own user (a box whose user cannot make others)
+        self.team_users = team_users
         # one queue and no account: sbatch under the bridge user's default account, the records the default team's
-        self.users_account = not team_queues and site.account is None
+        self.users_account = not team_queues and site.account is None and not team_users
         self.site, self.slurm = site, slurm
         self.env_keep = env_keep              # the jobs' env values (records show names only), or None
         self.clock, self.receive_wait_s, self.array_wait_s = clock, receive_wait_s, array_wait_s
@@ -269,7 +277,8 @@ class Bridge:
             for job in jobs:  # for a retry, which comes with the names only
                 self.env_keep.keep(job)
         if slurm_id is None:
-            slurm_id = self.slurm.sbatch(batch.render(jobs, replace(self.site, account=account), key, first))
+            script = batch.render(jobs, replace(self.site, account=account), key, first)
+            slurm_id = self.slurm.sbatch(script, **self._as(team))
             log.info("submitted %s as Slurm job %s (key %s)", ", ".join(j.job_id for j in jobs), slurm_id, key)
         else:
             log.info("%s: Slurm job %s has key %s already; not submitted again", ", ".join(j.job_id for j in jobs),
@@ -289,6 +298,12 @@ class Bridge:
             if msg is not None:
                 queue.delete(msg)
         return slurm_id
+
+    def _as(self, team: str, j: SlurmJob | None = None) -> dict:
+        """Whom a Slurm command for ``team`` runs as (client's ``user``): the team's user where the bridge submits
+        as it (for a job: where the job is that user's); else the bridge itself (no argument)."""
+        user = users.name_of(team)
+        return {"user": user} if self.team_users and (j is None or j.user == user) else {}
 
     # --- gauges --------------------------------------------------------------------------------------------
 
@@ -330,7 +345,7 @@ class Bridge:
             final = lifecycle(j.state, j.exit_code, j.restarts, j.description).final
             if ref in cancelled and not final and j.id not in self.cancelling:
                 log.info("job %s (team %s): cancel asked; scancel %s", ref[1], ref[0], j.id)
-                self.slurm.scancel(j.id)
+                self.slurm.scancel(j.id, **self._as(ref[0], j))
                 self.cancelling.add(j.id)
             state = (j.state, j.restarts, j.exit_code, j.nodes, j.description)
             if self.seen.get(j.id) == state:
@@ -442,7 +457,7 @@ class Bridge:
                     book.update(job_id, lambda r: {**r, "reason": f"held by Slurm: {j.description}"}
                                         if r["state"] not in rc.TERMINAL else r)
                     return
-                self.slurm.scancel(j.id)
+                self.slurm.scancel(j.id, **self._as(team, j))
                 log.error("job %s: Slurm job %s could not be launched on its node (%s); cancelled", job_id, j.id,
                           j.description)
             self._failed(ref, rec, j, out.reason)
@@ -504,8 +519,13 @@ def parser() -> ArgumentParser:
     p.add_argument("--account", default=os.environ.get("GPUFLEET_ACCOUNT"),
                    help="the Slurm account (team) jobs from the queue run under (default GPUFLEET_ACCOUNT; none: the "
                         "bridge user's default account)")
+    p.add_argument("--submit-as", choices=("team", "self"), default="team",
+                   help="team (default): each team's jobs are submitted as, and run as, the team's Unix user "
+                        "(trainer.slurm.users; sudo); self: as the bridge's own user (a box run by a user that "
+                        "cannot make others)")
     p.add_argument("--instance-type", help="the partition's instance type (for GPU-hours and cost)")
-    p.add_argument("--output-dir", default="/var/log/gpufleet/jobs", help="where Slurm writes job output on nodes")
+    p.add_argument("--output-dir", default="/var/log/gpufleet/jobs",
+                   help="where Slurm writes job output on nodes (a directory per team below it)")
     p.add_argument("--python", default=sys.executable, help="the nodes' Python with the trainer")
     p.add_argument("--env-dir", default=os.path.join(os.environ["STATE_DIRECTORY"], "env")
                    if os.environ.get("STATE_DIRECTORY") else DEFAULT_DIR,
@@ -585,7 +605,8 @@ def main(argv: list[str]) -> int:
     emitter = gauge_emitter(args.emf_log, metric_namespace(args.metric_namespace), "controller")
     bridge = Bridge(None if teams else open_queue(args.queue_url), partial(RecordStore.of_bucket, args.bucket), site,
                     emitter=emitter, env_keep=EnvKeep(args.env_dir),
-                    team_queues={team: open_queue(url) for team, url in teams.items()})
+                    team_queues={team: open_queue(url) for team, url in teams.items()},
+                    team_users=args.submit_as == "team")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

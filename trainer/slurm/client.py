@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainer.errors import Fault
+from trainer.slurm import users
 from trainer.slurm.states import exit_status
 
 TIMEOUT_S = 60
@@ -75,17 +76,21 @@ def exe(name: str) -> str:
     return shutil.which(name) or shutil.which(name, path=SEARCH_PATH) or name
 
 
-def _run(argv: list[str], input: str | None = None, check: bool = True, env: dict[str, str] | None = None) -> str:
+def _run(argv: list[str], input: str | None = None, check: bool = True, env: dict[str, str] | None = None,
+         user: str | None = None) -> str:
+    """A Slurm command's output; ``user``: run as that user (a team's: trainer.slurm.users.submit_argv), with
+    this environment."""
+    env = {**os.environ, **env} if env else None
+    full = users.submit_argv(user, [exe(argv[0]), *argv[1:]], env or os.environ)
     try:
-        proc = subprocess.run([exe(argv[0]), *argv[1:]], input=input, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env={**os.environ, **env} if env else None)
+        proc = subprocess.run(full, input=input, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]}: not found; install Slurm's client commands (Debian: slurm-client)") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: no answer within {TIMEOUT_S} s (is slurmctld running?)") from None
     if check and proc.returncode != 0:
         why = next((ln.strip() for ln in proc.stderr.splitlines() if ln.strip()), f"exit status {proc.returncode}")
-        raise SlurmError(f"{argv[0]}: {why}")
+        raise SlurmError(f"{argv[0]}{f' as {user}' if user else ''}: {why}")
     return proc.stdout
 
 
@@ -94,9 +99,10 @@ def hostnames(hostlist: str) -> list[str]:
     return _run(["scontrol", "show", "hostnames", hostlist]).split()
 
 
-def sbatch(script: str) -> str:
-    """Submit a batch script (on stdin); the job id Slurm gave it."""
-    return _run(["sbatch", "--parsable"], input=script).strip().split(";")[0]
+def sbatch(script: str, user: str | None = None) -> str:
+    """Submit a batch script (on stdin), as ``user`` where given (the job then runs as that user); the job id
+    Slurm gave it."""
+    return _run(["sbatch", "--parsable"], input=script, user=user).strip().split(";")[0]
 
 
 # --- squeue --json: 22.05's shape and 23.11's (data_parser v0.0.40 and later) -----------------------------------
@@ -251,8 +257,9 @@ def _accounting_storage() -> str:
     return _STORAGE[0]
 
 
-def scancel(job_id: str) -> None:
-    _run(["scancel", job_id])
+def scancel(job_id: str, user: str | None = None) -> None:
+    """Cancel a job, as ``user`` where given (its owner: a team's user may cancel only its own jobs)."""
+    _run(["scancel", job_id], user=user)
 
 
 def requeue(job_id: str) -> None:

@@ -6,15 +6,18 @@ wrote the settings (/etc/gpufleet/node.json on a GPU node, /etc/gpufleet/control
 node: this machine's Slurm name (the ``gpufleet-slurm-node`` tag the node provider set, through the cloud's
 ``node_name``) and the stack's munge key (the cloud's ``munge_key``: read from the stack's secret with the
 machine's identity) become /etc/munge/munge.key and /etc/default/slurmd (``SLURMD_OPTIONS="-N NAME --conf-server
-ADDR:PORT"``: slurmd fetches slurm.conf and gres.conf from slurmctld, configless); then munge, slurmd and the
-node's notice watcher (gpufleet-watch@NAME) are started.
+ADDR:PORT"``: slurmd fetches slurm.conf and gres.conf from slurmctld, configless); each team of node.json's
+``teams`` gets its Unix user (trainer.slurm.users: its jobs run as it), its work directory (the user's home,
+/var/lib/gpufleet/teams/<team>) and its job output directory (/var/log/gpufleet/jobs/<team>), both its own and
+0700; then munge, slurmd and the node's notice watcher (gpufleet-watch@NAME) are started.
 
 controller: the munge key (generated and stored in the secret at the stack's first boot, ``create=True``), the
-Slurm state directory (StateSaveLocation, on the shared file system; owned by the slurm user, 0700) and the
-bridge's settings (/etc/gpufleet/bridge.env, read by gpufleet-bridge.service); then munge, Slurm's accounting
+Slurm state directory (StateSaveLocation, on the shared file system; owned by the slurm user, 0700), the
+bridge's settings (/etc/gpufleet/bridge.env, read by gpufleet-bridge.service) and the teams' Unix users (the
+bridge submits each team's jobs as its user); then munge, Slurm's accounting
 (MariaDB, and slurmdbd over it, both on loopback; slurmdbd's database password is made at each boot and lives
 only in slurmdbd.conf, 0600 for the slurm user), slurmctld, the teams' accounts (trainer.slurm.accounts, from
-controller.json's teams), the bridge and the healer are started.
+controller.json's teams: each with its team's user only), the bridge and the healer are started.
 
 A privileged process never writes where a link can be planted: the key and every file here are written to a
 temporary file in their directory (any link at that name is removed, never followed) and renamed over the
@@ -24,6 +27,7 @@ The key is never logged.
 from __future__ import annotations
 
 import errno
+import grp
 import logging
 import os
 import pwd
@@ -38,7 +42,7 @@ from typing import Callable
 from trainer.clouds import node_adapter
 from trainer.errors import ArgumentParser, Fault, UsageError
 from trainer.node import node_schema
-from trainer.slurm import accounts
+from trainer.slurm import accounts, users
 
 log = logging.getLogger("gpufleet.setup")
 
@@ -54,6 +58,7 @@ MUNGE_USER = "munge"
 SLURM_USER = "slurm"
 JOB_USER = "gpufleet"                            # the image's job user (ami/scripts/45-slurm.sh)
 JOB_METRICS = "/var/log/gpufleet/metrics.log"    # trainer.slurm.task.EMF_LOG
+JOB_OUTPUT = "/var/log/gpufleet/jobs"            # the bridge's --output-dir: Slurm writes OUTPUT/<team>/ there
 MIN_KEY_BYTES = 32  # munged refuses a shorter key
 NODE_NAME = re.compile(r"[a-z][a-z0-9]{0,14}-[1-9][0-9]{0,5}\Z")  # <partition>-<n>, trainer.slurm.conf's names
 # What the controller's bridge reads besides its flags: the standard variables of each cloud's SDK.
@@ -76,6 +81,13 @@ def _user(name: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+def _group(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise Fault(f"setup: no group {name!r} on this machine") from None
+
+
 def _command(argv: list[str], input: str | None = None) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, input=input)
     if done.returncode != 0:
@@ -92,7 +104,8 @@ def _adapter(cloud: str):
 @dataclass
 class System:
     """What setup does to the machine, injectable: ``root`` prefixes every path it writes; ``systemctl(args)``,
-    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)``, ``adapter(cloud)`` (the cloud's Slurm module with
+    ``chown(fd, uid, gid)``, ``user(name) -> (uid, gid)``, ``group(name) -> gid``, ``accounts() -> (users,
+    groups)`` (as trainer.slurm.users.plan reads them), ``adapter(cloud)`` (the cloud's Slurm module with
     ``node_name`` and ``munge_key``), ``command(argv, input) -> stdout`` (MariaDB's client, sacctmgr; Fault when
     it fails) and ``sleep``."""
 
@@ -100,6 +113,8 @@ class System:
     systemctl: Callable[[list[str]], None] = _systemctl
     chown: Callable[[int, int, int], None] = os.fchown
     user: Callable[[str], tuple[int, int]] = _user
+    group: Callable[[str], int] = _group
+    accounts: Callable[[], tuple[dict, dict]] = users.machine
     adapter: Callable[[str], object] = _adapter
     command: Callable[..., str] = _command
     sleep: Callable[[float], None] = time.sleep
@@ -268,6 +283,14 @@ def _runner(system: System) -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
+def make_team_users(system: System, teams: list[str]) -> None:
+    """Each team's Unix user and group (trainer.slurm.users), made where missing; Fault where a name is held
+    with another id."""
+    for argv in users.plan(teams, *system.accounts()):
+        system.command(argv)
+        log.info("users: %s", " ".join(argv))
+
+
 def bridge_env(settings: dict) -> str:
     """/etc/gpufleet/bridge.env: gpufleet-bridge.service's EnvironmentFile (its flags and the SDKs' standard
     variables), from controller.json: with a queue for each team (``teams[].queue_url``), GPUFLEET_TEAM_QUEUES
@@ -310,8 +333,14 @@ def setup_node(settings: dict, system: System) -> str:
                     "gpufleet-slurm-node tag")
     write_munge_key(system, module.munge_key(settings))
     write_file(system, SLURMD_DEFAULTS, slurmd_defaults(name, slurm).encode(), 0o644)
-    # the jobs' metrics file (the CloudWatch agent ships it): the job user writes it, in a directory it may not
-    write_file(system, JOB_METRICS, b"", 0o644, owner=system.user(JOB_USER))
+    teams = settings.get("teams") or [accounts.DEFAULT_TEAM]
+    make_team_users(system, teams)
+    for team in teams:  # each team's work directory (its user's home) and job output, its user's only
+        owner = (users.uid_of(team), users.uid_of(team))
+        make_private_dir(system, users.home_of(team), owner)
+        make_private_dir(system, f"{JOB_OUTPUT}/{team}", owner)
+    # the jobs' metrics file (the CloudWatch agent, as root, ships it): the teams' users append, none reads it
+    write_file(system, JOB_METRICS, b"", 0o620, owner=(0, system.group(users.GROUP)))
     for unit, restart in (("munge.service", True), ("slurmd.service", True), (f"gpufleet-watch@{name}.service", False)):
         system.start(unit, restart)
     log.info("node %s: munge, slurmd (config from %s) and its watcher started", name, conf_server(slurm))
@@ -325,16 +354,17 @@ def setup_controller(settings: dict, system: System) -> None:
     teams = accounts.teams_of(settings.get("teams") or [])  # a bad team: one line, before anything is done
     system.user(MUNGE_USER)  # all looked up first: an image without them fails before the secret is touched
     slurm_owner = system.user(SLURM_USER)
-    system.user(JOB_USER)  # the bridge's user, which submits under the teams' accounts
+    system.user(JOB_USER)  # the bridge's user, which submits each team's jobs as the team's user
     module = system.adapter(settings["cloud"])
     write_munge_key(system, module.munge_key(settings, create=True))
     make_private_dir(system, settings["state_dir"], slurm_owner)
     write_file(system, BRIDGE_ENV, bridge_env(settings).encode(), 0o644)
+    make_team_users(system, [t.name for t in teams])  # slurmctld maps the accounting's user names to uids
     system.start("munge.service", restart=True)
     start_accounting(system, settings["stack"], slurm_owner)
     system.start("slurmctld.service", restart=True)
     # gres/gpu is known to the accounting once slurmctld registered: until then sacctmgr refuses a GPU limit
-    _until_answered(system, "the teams' accounts", lambda: accounts.apply(teams, [JOB_USER], run=_runner(system)))
+    _until_answered(system, "the teams' accounts", lambda: accounts.apply(teams, [], run=_runner(system)))
     for unit in ("gpufleet-bridge.service", "gpufleet-heal.service"):
         system.start(unit, restart=True)
     log.info("controller: munge, slurmdbd, slurmctld (state in %s), teams %s, the bridge and heal started",

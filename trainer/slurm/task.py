@@ -26,7 +26,7 @@ from pathlib import Path
 from trainer import EXIT_OK, EXIT_PREEMPTED
 from trainer.errors import ArgumentParser, UsageError
 from trainer.jobs import bundle
-from trainer.jobs.layout import job_uri
+from trainer.jobs.layout import DEFAULT_TEAM, job_uri
 from trainer.jobs.records import RecordStore
 from trainer.jobs.spec import Job, hidden_names, validate
 from trainer.loop.config import TrainConfig, parse_args
@@ -274,7 +274,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--gpus", type=int, default=0, help="GPUs of this node the job gets")
     p.add_argument("--spec", required=True, help="the job's spec and first attempt, base64 JSON")
     p.add_argument("--work-dir", default=os.environ.get("GPUFLEET_WORK_DIR", "/var/lib/gpufleet"),
-                   help="where the job's files live on this node (default GPUFLEET_WORK_DIR)")
+                   help="where the job's files live on this node, each team's in WORK_DIR/teams/<team>/ (default "
+                        "GPUFLEET_WORK_DIR or %(default)s)")
     p.add_argument("--emf-log", default=os.environ.get("GPUFLEET_EMF_LOG", EMF_LOG),
                    help="the EMF metrics file the CloudWatch agent ships (default GPUFLEET_EMF_LOG or %(default)s)")
     return p
@@ -291,7 +292,8 @@ def main(argv: list[str]) -> int:
     job = validate(entry["spec"])
     attempt = int(entry.get("first_attempt") or 1) + slurm["restarts"]
     node = node_schema.load(node_schema.PATH) if Path(node_schema.PATH).exists() else {}
-    work_dir = Path(args.work_dir) / "nodes" / slurm["node"]
+    # the team's own directory (its user's home, 0700: setup, or the box, makes it); a node of the box each its own
+    work_dir = Path(args.work_dir) / "teams" / (args.team or DEFAULT_TEAM) / "nodes" / slurm["node"]
     log.info("job %s: attempt %d, node %s (rank %d of %d)", job.job_id, attempt, slurm["node"],
              slurm["node_rank"], slurm["nnodes"])
     task = Task(job, attempt, slurm, args.bucket, args.gpus, work_dir, node, args.emf_log, team=args.team)

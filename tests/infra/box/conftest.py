@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +96,11 @@ class Box:
         rec = self.wait_state(job_id, "running")
         return rec["attempts"][-1]["nodes"][0]
 
+    @property
+    def job_files(self) -> Path:
+        """A folder of the box's that its jobs may write (they run as the teams' users): the tests' metrics."""
+        return self.dir / "test-files"
+
     def processes(self) -> list[int]:
         from infra.box.supervisor import box_processes
 
@@ -101,15 +108,20 @@ class Box:
 
 
 @pytest.fixture(scope="module")
-def box(tmp_path_factory):
-    root = tmp_path_factory.mktemp("box")
+def box():
+    """The box of the module, in /tmp: its jobs run as the teams' users (the tests run as root), who must reach
+    it, which they cannot below pytest's own 0700 folders."""
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-box-test-", dir="/tmp"))
     up = gpufleet("box", "up", "--dir", str(root), "--nodes", "2", timeout=240)
     assert up.returncode == 0, up.stderr + (root / "box.log").read_text()
     state = json.loads((root / "state.json").read_text())
     b = Box(root, state)
+    b.job_files.mkdir(mode=0o1777)
+    b.job_files.chmod(0o1777)
     try:
         yield b
     finally:
         down = gpufleet("box", "down", "--dir", str(root), timeout=120)
         assert down.returncode == 0, down.stderr
         assert b.processes() == [], "box down left processes behind"
+        shutil.rmtree(root, ignore_errors=True)

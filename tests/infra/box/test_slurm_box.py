@@ -21,15 +21,16 @@ import pytest
 
 from tests.infra.box.conftest import EXAMPLES, gpufleet, wait_for
 from trainer.jobs import logs
-from trainer.slurm import batch
+from trainer.slurm import batch, users
 
 TINY = ["--model", "gpt-tiny", "--dataset", "synthetic", "--batch-size", "4", "--num-workers", "0",
         "--checkpoint-every", "0", "--warmup-steps", "1"]
 
 
-def slow_job(box, job_id: str, tmp_path: Path, steps: int = 400, sleep: float = 0.1, *extra: str) -> Path:
-    """examples/train.py as a code bundle, slowed down; its metrics (rank 0, one line a step) in tmp_path."""
-    metrics = tmp_path / f"{job_id}.jsonl"
+def slow_job(box, job_id: str, steps: int = 400, sleep: float = 0.1, *extra: str) -> Path:
+    """examples/train.py as a code bundle, slowed down; its metrics (rank 0, one line a step) in the box's folder
+    that jobs may write (they run as the team's user)."""
+    metrics = box.job_files / f"{job_id}.jsonl"
     box.submit("--workdir", str(EXAMPLES), "--job-id", job_id, *extra, "--", "python", "train.py", "--steps",
                str(steps), "--step-sleep", str(sleep), "--metrics", str(metrics))
     return metrics
@@ -75,6 +76,20 @@ def test_a_second_box_and_a_taken_port_are_one_line_each(box, tmp_path):
     env = gpufleet("box", "env", "--dir", str(box.dir))
     assert env.stdout.splitlines() == [f"export SLURM_CONF={box.state['slurm_conf']}",
                                        f"export GPUFLEET_BOX_DIR={box.dir}"]
+
+
+def test_a_box_its_teams_users_cannot_reach_is_one_line_and_starts_nothing(tmp_path):
+    """Run by root, a box runs its jobs as the teams' users: below a folder they cannot search (pytest's own, 0700)
+    it is refused in one line before anything starts."""
+    assert os.geteuid() == 0, "the box's tests run as root (CI does)"
+    root = tmp_path / "box"
+    done = gpufleet("box", "up", "--dir", str(root))
+    assert done.returncode == 2, done.stderr
+    blocked = next(p for p in root.parents if not os.stat(p).st_mode & 0o001)
+    assert done.stderr.strip() == (
+        f"error: box: could not start: the teams' users cannot reach {root}: {blocked} is not searchable by others "
+        f"(give --dir below a directory they can reach, such as /tmp) (see {root / 'box.log'})")
+    assert not (root / "state.json").exists() and not (root / "account").exists()
 
 
 def test_without_slurm_box_up_is_one_line(monkeypatch, tmp_path, capsys):
@@ -245,12 +260,56 @@ def test_a_job_holds_credentials_of_its_own_and_a_forged_claim_gets_none_of_anot
     assert f"Slurm job {sid} is job creds-own of team vision: granted" in log
 
 
-def test_cancel_stops_a_running_job_and_a_queued_one_never_runs(box, tmp_path):
-    slow_job(box, "long-a", tmp_path)
-    slow_job(box, "long-b", tmp_path)
+HOSTILE_TEAM = """import json, os, pwd, subprocess
+def run(*argv):
+    done = subprocess.run(list(argv), capture_output=True, text=True)
+    return [done.returncode, ((done.stderr or done.stdout).strip().splitlines() or [""])[-1]]
+out = {"user": pwd.getpwuid(os.getuid()).pw_name, "uid": os.getuid()}
+out["sbatch"] = run("sbatch", "--account=nlp", "--parsable", "-o", "/dev/null", "--wrap=sleep 1")
+out["scancel"] = run("scancel", os.environ["VICTIM"])
+out["sudo"] = run("sudo", "-n", "-u", "gpufleet-nlp", "true")
+out["their_files"] = os.access(os.environ["THEIR_DIR"], os.X_OK)
+print("TEAM " + json.dumps(out))
+"""
+
+
+def test_a_job_runs_as_its_teams_user_and_can_neither_submit_for_nor_cancel_another_team(box, tmp_path):
+    """Issue 23, finding 6 (any job could cancel another team's job) and the teams' accounts: a job runs as its
+    team's Unix user (the bridge submitted it as that user), which Slurm lets submit under its own account only and
+    cancel its own jobs only; it cannot become another team's user nor reach that team's files on the node."""
+    victim = box.slurm("runuser", "-u", "gpufleet-nlp", "--", "sbatch", "--parsable", "--account=nlp", "-o",
+                       "/dev/null", "--chdir=/", "--wrap=sleep 300").strip()
+    try:
+        wait_for(lambda: box.slurm("squeue", "-h", "-j", victim, "-o", "%T").strip() == "RUNNING", 120,
+                 "nlp's job to run")
+        work = tmp_path / "team"
+        work.mkdir()
+        (work / "hostile.py").write_text(HOSTILE_TEAM)
+        box.submit("--workdir", str(work), "--job-id", "team-hostile", "--env", f"VICTIM={victim}", "--env",
+                   f"THEIR_DIR={box.dir / 'work' / 'teams' / 'nlp'}", "--", "python", "hostile.py")
+        rec = box.wait_state("team-hostile", "succeeded", "failed")
+        out = b"".join(d for _, d in logs.read(box.records().store, "team-hostile", 1)).decode()
+        line = next((ln for ln in out.splitlines() if ln.startswith("TEAM ")), None)
+        assert rec["state"] == "succeeded" and line, out
+        seen = json.loads(line[5:])
+        assert (seen["user"], seen["uid"]) == ("gpufleet-vision", users.uid_of("vision"))
+        assert seen["sbatch"][0] != 0 and "Invalid account" in seen["sbatch"][1], seen
+        assert seen["scancel"][0] != 0 and "Access/permission denied" in seen["scancel"][1], seen
+        assert seen["sudo"][0] != 0 and seen["their_files"] is False, seen
+        assert box.slurm("squeue", "-h", "-j", victim, "-o", "%T %u").split() == ["RUNNING", "gpufleet-nlp"]
+        sid = rec["slurm"]["id"]
+        assert box.slurm("sacct", "-X", "-n", "-P", "-o", "User,Account", "-j", sid).split() == [
+            "gpufleet-vision|vision"]
+    finally:
+        box.slurm("scancel", victim)
+
+
+def test_cancel_stops_a_running_job_and_a_queued_one_never_runs(box):
+    slow_job(box, "long-a")
+    slow_job(box, "long-b")
     box.wait_state("long-a", "running")
     box.wait_state("long-b", "running")
-    slow_job(box, "long-c", tmp_path)  # both nodes are taken: it waits
+    slow_job(box, "long-c")  # both nodes are taken: it waits
     wait_for(lambda: box.record("long-c").get("slurm"), 60, "long-c in Slurm")
     told = box.jobs("cancel", "long-c")
     assert told.returncode == 0 and "cancelled" in told.stdout
@@ -362,7 +421,7 @@ def test_a_node_failing_its_health_check_when_it_starts_is_drained(box):
 
 
 def test_a_spot_notice_requeues_the_job_which_resumes_elsewhere_losing_no_step(box, tmp_path):
-    metrics = slow_job(box, "spot", tmp_path, steps=200, sleep=0.1)  # ~20 s left once noticed
+    metrics = slow_job(box, "spot", steps=200, sleep=0.1)  # ~20 s left once noticed
     node = box.node_of_running("spot")
     wait_for(lambda: len(steps_of(metrics)) >= 5, 120, "five steps")
     noticed = gpufleet("box", "notice", node, "--dir", str(box.dir))
@@ -421,7 +480,7 @@ def test_a_node_killed_without_notice_is_marked_down_and_its_job_runs_again(box,
     """Slurm requeues the job once it marks the node DOWN, and the healer powers the node down; the job runs again
     on any node in the pool, which the killed one rejoins SuspendTimeout after its power-down: on another node, or
     on the same name powered up again, a fresh machine (Slurm does not keep a requeued job off its last nodes)."""
-    metrics = slow_job(box, "lost", tmp_path, steps=200, sleep=0.1)
+    metrics = slow_job(box, "lost", steps=200, sleep=0.1)
     node = box.node_of_running("lost")
     wait_for(lambda: steps_of(metrics), 120, "the job's first step")  # its processes all started
     power = box.dir / "slurm" / "log" / "power.log"
@@ -457,6 +516,7 @@ def test_the_bridge_killed_at_any_point_loses_no_job_and_submits_none_twice(box,
     os.environ.update(SLURM_CONF=box.state["slurm_conf"], AWS_ENDPOINT_URL=box.state["endpoint"])
     queue = SqsJobQueue(url, box.state["region"])
     site = batch.Site(box.state["bucket"], os.sys.executable, str(box.dir / "slurm" / "output"))
+    (box.dir / "slurm" / "output" / "default").mkdir(exist_ok=True)  # its jobs' output: as root, the default team
 
     class Crash(BaseException):
         """The bridge stops dead here, as kill -9 would stop it."""
@@ -527,7 +587,7 @@ def submitted(name: str) -> list[str]:
 
 
 def test_slurmctld_restarted_running_jobs_keep_running_and_records_stay_true(box, tmp_path):
-    metrics = slow_job(box, "steady", tmp_path, steps=300, sleep=0.1)  # running still when slurmctld is killed
+    metrics = slow_job(box, "steady", steps=300, sleep=0.1)  # running still when slurmctld is killed
     box.wait_state("steady", "running")
     wait_for(lambda: len(steps_of(metrics)) >= 3, 120, "three steps")
     # Slurm keeps a running job over a crash once its state is saved (StateSaveLocation's job_state, written within

@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -24,9 +26,17 @@ SMALL = ["--jobs", "3", "--steps", "200", "--timeout", "900"]  # 15-60 s of trai
 # of the sweep runs alone for long enough (MIN_LEFT_S) however fast the machine is
 
 
-def demo(args: list[str], tmp_path: Path, **kw) -> subprocess.Popen:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir(exist_ok=True)
+@pytest.fixture
+def demo_tmp():
+    """The demo's TMPDIR, where its work directory goes: in /tmp, searchable by others, since a box run by root runs
+    its jobs as the teams' users, who cannot reach below pytest's own 0700 folders; removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-demo-test-", dir="/tmp"))
+    tmp.chmod(0o711)
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def demo(args: list[str], tmp: Path, **kw) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "160"}
     return subprocess.Popen([sys.executable, "-m", "infra.demo", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
@@ -58,9 +68,9 @@ def test_help_lists_the_defaults_and_bad_flags_exit_2():
                                                    "queue-mode stack\n"
 
 
-def test_a_ddp_job_and_a_sweep_on_slurm_survive_a_spot_interruption(tmp_path):
+def test_a_ddp_job_and_a_sweep_on_slurm_survive_a_spot_interruption(tmp_path, demo_tmp):
     summary_file = tmp_path / "summary.json"
-    proc = demo([*SMALL, "--summary-json", str(summary_file)], tmp_path)
+    proc = demo([*SMALL, "--summary-json", str(summary_file)], demo_tmp)
     out, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, out[-3000:]
     s = json.loads(summary_file.read_text())
@@ -82,7 +92,7 @@ def test_a_ddp_job_and_a_sweep_on_slurm_survive_a_spot_interruption(tmp_path):
     assert "spot interruption notice to " + s["notice_node"] in out
     assert f"resumed from {s['stopped_at']} on {s['resumed_node']}" in out
     assert "Traceback" not in out
-    assert list((tmp_path / "tmp").iterdir()) == []  # the work directory is gone
+    assert list(demo_tmp.iterdir()) == []  # the work directory is gone
 
 
 def start_time(pid: int) -> str | None:
@@ -104,8 +114,8 @@ def _name(pid: int) -> str:
     return Path(words[0]).name.split(":")[0] if words else "?"
 
 
-def test_ctrl_c_stops_everything_and_leaves_nothing(tmp_path):
-    proc = demo(SMALL, tmp_path)
+def test_ctrl_c_stops_everything_and_leaves_nothing(demo_tmp):
+    proc = demo(SMALL, demo_tmp)
     lines: list[str] = []
     training = threading.Event()
 
@@ -128,7 +138,7 @@ def test_ctrl_c_stops_everything_and_leaves_nothing(tmp_path):
     assert "Traceback" not in out and "interrupted" in out
     left = [pid for pid, t in started.items() if t is not None and start_time(pid) == t]
     assert left == [], f"processes left behind: {left}"
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list(demo_tmp.iterdir()) == []
 
 
 def test_the_live_table_and_the_summary_render():

@@ -146,6 +146,25 @@ def test_a_script_claiming_another_jobs_spec_gets_its_own_mirror_prefix(records)
         job_of("53", "gpufleet", records, FakeSlurm(None, ""))
 
 
+def test_with_team_users_a_job_is_its_teams_only_when_that_teams_user_submitted_it_under_that_account(records):
+    """On a cluster the bridge submits each team's jobs as the team's user (trainer.slurm.users): the Prolog takes
+    a job for a team's only when that user submitted it under that team's account, and the script names the same
+    team; anything else is a mirror, and the bridge's own user no longer vouches for a job."""
+    site = batch.Site(bucket="b", python="python3", output_dir="/o", account="vision")
+    script = batch.render([Job(job_id="run1", kind="trainer")], site, "m1")
+    _submitted(records, "run1", "42", team="vision")
+    own = SlurmJobStub("42", "gpufleet-vision")
+    assert job_of("42", None, records, FakeSlurm(own, script)) == ("vision", "run1")
+    # another team's user (whose job could only be under its own account), the bridge's user, a person
+    for user, account in (("gpufleet-nlp", "nlp"), ("gpufleet", "vision"), ("alice", "vision")):
+        stub = SlurmJobStub("42", user, account=account)
+        assert job_of("42", None, records, FakeSlurm(stub, script), wait_s=0) == (account, "slurm-42"), user
+    # nlp's user, under nlp's account, with a script whose account line says vision (an `sbatch --account=nlp`
+    # over it): not vision's job
+    stub = SlurmJobStub("42", "gpufleet-nlp", account="nlp")
+    assert job_of("42", None, records, FakeSlurm(stub, script), wait_s=0) == ("nlp", "slurm-42")
+
+
 # --- grants and tokens on disk --------------------------------------------------------------------------------
 
 @pytest.fixture

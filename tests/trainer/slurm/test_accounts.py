@@ -7,26 +7,36 @@ import subprocess
 import pytest
 
 from trainer.errors import Fault, UsageError
+from trainer.slurm import users
 from trainer.slurm.accounts import (Association, Dbd, Team, apply, changes, database_grants, parse_associations,
                                     render_slurmdbd_conf, teams_of)
 
 VISION, NLP = Team("vision", 2), Team("nlp", 1, 1)
-SHOWN = "root|||\nroot|root|1|\nvision||2|\nvision|gpufleet|1|\nnlp||1|gres/gpu=1\n"
+SHOWN = ("root|||\nroot|root|1|\nvision||2|\nvision|gpufleet-vision|1|\nvision|alice|1|\nnlp||1|gres/gpu=1\n"
+         "nlp|gpufleet-nlp|1|\n")
 
 
-def test_an_empty_accounting_gets_each_team_and_its_submitters():
-    assert changes([], [VISION, NLP], ["gpufleet"]) == [
+def test_an_empty_accounting_gets_each_team_with_its_own_user_and_the_submitters():
+    assert changes([], [VISION, NLP], ["alice"]) == [
         ["add", "account", "vision", "Description=gpufleet team vision", "Fairshare=2", "GrpTRES=gres/gpu=-1"],
-        ["add", "user", "gpufleet", "account=vision"],
+        ["add", "user", "gpufleet-vision", "account=vision"],
+        ["add", "user", "alice", "account=vision"],
         ["add", "account", "nlp", "Description=gpufleet team nlp", "Fairshare=1", "GrpTRES=gres/gpu=1"],
-        ["add", "user", "gpufleet", "account=nlp"]]
+        ["add", "user", "gpufleet-nlp", "account=nlp"],
+        ["add", "user", "alice", "account=nlp"]]
+
+
+def test_a_teams_user_is_in_its_own_account_only():
+    made = changes([], [VISION, NLP], [])
+    assert [c for c in made if c[:2] == ["add", "user"]] == [
+        ["add", "user", "gpufleet-vision", "account=vision"], ["add", "user", "gpufleet-nlp", "account=nlp"]]
 
 
 def test_what_the_accounting_holds_already_is_not_done_again():
     held = parse_associations(SHOWN)
     assert held[2] == Association("vision", "", "2", "")
-    assert changes(held, [VISION, NLP], ["gpufleet"]) == [["add", "user", "gpufleet", "account=nlp"]]
-    assert changes(held + [Association("nlp", "gpufleet", "1", "")], [VISION, NLP], ["gpufleet"]) == []
+    assert changes(held, [VISION, NLP], ["alice"]) == [["add", "user", "alice", "account=nlp"]]
+    assert changes(held + [Association("nlp", "alice", "1", "")], [VISION, NLP], ["alice"]) == []
 
 
 def test_a_changed_share_or_limit_is_modified_and_a_removed_limit_cleared():
@@ -37,7 +47,7 @@ def test_a_changed_share_or_limit_is_modified_and_a_removed_limit_cleared():
 
 
 def test_a_team_gone_from_the_config_is_left_to_its_running_jobs():
-    assert changes(parse_associations(SHOWN), [VISION], ["gpufleet"]) == []
+    assert changes(parse_associations(SHOWN), [VISION], ["alice"]) == []
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -58,6 +68,21 @@ def test_teams_from_json_default_to_one_team_and_refuse_a_repeated_name():
     with pytest.raises(UsageError) as exc:
         teams_of([{"name": "nlp"}, {"name": "nlp"}])
     assert str(exc.value) == "teams: names repeat (nlp, nlp); expected each team once"
+    a, b = colliding_names()
+    with pytest.raises(UsageError) as exc:
+        teams_of([{"name": a}, {"name": b}])
+    assert str(exc.value) == f"teams {a} and {b} would have one Unix uid ({users.uid_of(a)}); rename one"
+
+
+def colliding_names() -> tuple[str, str]:
+    """Two team names whose users' uids hash alike (found by search: the uid space is 10,000)."""
+    seen: dict[int, str] = {}
+    for i in range(100000):
+        name = f"t{i}"
+        if users.uid_of(name) in seen:
+            return seen[users.uid_of(name)], name
+        seen[users.uid_of(name)] = name
+    raise AssertionError("no collision")
 
 
 def test_apply_reads_then_runs_only_what_is_missing_and_a_refusal_is_one_line():
@@ -69,9 +94,9 @@ def test_apply_reads_then_runs_only_what_is_missing_and_a_refusal_is_one_line():
             return subprocess.CompletedProcess(argv, 0, SHOWN, "")
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    assert apply([VISION, NLP], ["gpufleet"], run=sacctmgr) == [["add", "user", "gpufleet", "account=nlp"]]
+    assert apply([VISION, NLP], ["alice"], run=sacctmgr) == [["add", "user", "alice", "account=nlp"]]
     assert ran == [["sacctmgr", "-n", "-P", "show", "associations", "format=account,user,fairshare,grptres"],
-                   ["sacctmgr", "-i", "add", "user", "gpufleet", "account=nlp"]]
+                   ["sacctmgr", "-i", "add", "user", "alice", "account=nlp"]]
 
     def refusing(argv, **_):
         return subprocess.CompletedProcess(argv, 1, "", "sacctmgr: error: slurmdb_format_tres_str: no TRES known "

@@ -58,8 +58,8 @@ def test_single_trainer_job_lines():
         "--ntasks-per-node=1",
         "--requeue",
         "--open-mode=append",
-        "--chdir=/var/lib/gpufleet/out",
-        "--output=/var/lib/gpufleet/out/%x-%j.out",
+        "--chdir=/var/lib/gpufleet/out/default",  # each team its own directory
+        "--output=/var/lib/gpufleet/out/default/%x-%j.out",
         "--partition=gpu",
         "--exclusive",
         "--gres=gpu:8",
@@ -161,8 +161,8 @@ def test_sweep_is_one_array():
         "--ntasks-per-node=1",
         "--requeue",
         "--open-mode=append",
-        "--chdir=/var/lib/gpufleet/out",
-        "--output=/var/lib/gpufleet/out/%x-%A_%a.out",
+        "--chdir=/var/lib/gpufleet/out/default",
+        "--output=/var/lib/gpufleet/out/default/%x-%A_%a.out",
         "--partition=gpu",
         "--exclusive",
         "--gres=gpu:8",
@@ -236,6 +236,7 @@ def test_a_sweep_as_large_as_the_schema_allows_keeps_every_argument_small():
 def test_the_site_account_is_the_team_the_job_runs_under():
     lines = sbatch(render([job()], dataclasses.replace(SITE8, account="vision"), key="m"))
     assert lines[lines.index("--partition=gpu") + 1] == "--account=vision"
+    assert "--output=/var/lib/gpufleet/out/vision/%x-%j.out" in lines  # its output in the team's own directory
     assert not any(ln.startswith("--account") for ln in sbatch(render([job()], SITE8, key="m")))
 
 

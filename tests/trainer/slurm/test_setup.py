@@ -19,11 +19,12 @@ import pytest
 
 import trainer.__main__ as trainer_main
 from trainer.errors import Fault, UsageError
-from trainer.slurm import setup
+from trainer.slurm import setup, users
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = bytes(range(256)) * 4  # 1024 bytes, as the controller generates
 MUNGE, SLURM, JOBS = (4242, 4243), (4250, 4251), (4260, 4261)
+TEAMS_GID = 4270
 SLURM_OBJECT = {"controller_addr": "10.0.0.10", "controller_port": 6817,
                 "munge": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:gpufleet-dev-munge-AbCdEf"}
 NODE = {"cloud": "aws", "stack": "dev", "region": "eu-west-1", "slurm": SLURM_OBJECT}
@@ -56,6 +57,7 @@ class Machine:
     def __init__(self, root: Path, cloud: FakeCloud, users: dict | None = None):
         self.root, self.cloud = root, cloud
         self.users = {"munge": MUNGE, "slurm": SLURM, "gpufleet": JOBS} if users is None else users
+        self.groups = {"gpufleet-teams": TEAMS_GID}
         self.systemctl_calls: list[list[str]] = []
         self.chowns: list[tuple[str, int, int]] = []
         self.key_at_first_start: bytes | None = None
@@ -85,9 +87,20 @@ class Machine:
             return setup._user("gpufleet-no-such-user-" + name)  # the real lookup's one-line Fault
         return self.users[name]
 
+    def group(self, name: str) -> int:
+        return self.groups[name]
+
+    def accounts(self) -> tuple[dict, dict]:
+        """The machine's users and groups as trainer.slurm.users.plan reads them: none of the teams' yet."""
+        return {n: (*ids, frozenset()) for n, ids in self.users.items()}, dict(self.groups)
+
+    def ran(self, *programs: str) -> list[list[str]]:
+        return [argv for argv, _ in self.commands if argv[0] in programs]
+
     def system(self) -> setup.System:
         return setup.System(root=self.root, systemctl=self.systemctl, chown=self.chown, user=self.user,
-                            adapter=lambda cloud: self.cloud, command=self.command, sleep=lambda s: None)
+                            group=self.group, accounts=self.accounts, adapter=lambda cloud: self.cloud,
+                            command=self.command, sleep=lambda s: None)
 
 
 @pytest.fixture
@@ -135,14 +148,49 @@ def test_node_writes_the_key_and_slurmd_options_then_starts_munge_slurmd_and_its
     assert defaults.read_text().splitlines()[-1] == 'SLURMD_OPTIONS="-N gpu-3 --conf-server 10.0.0.10:6817"'
     assert all(line.startswith("#") for line in defaults.read_text().splitlines()[:-1])
     assert mode(defaults) == 0o644
-    metrics = machine.root / "var/log/gpufleet/metrics.log"  # the job user writes its metrics there
-    assert metrics.read_bytes() == b"" and mode(metrics) == 0o644 and owned(metrics, JOBS)
+    metrics = machine.root / "var/log/gpufleet/metrics.log"  # the teams' users append their metrics, none reads
+    assert metrics.read_bytes() == b"" and mode(metrics) == 0o620 and owned(metrics, (0, TEAMS_GID))
     assert mode(metrics.parent) == 0o755 and owned(metrics.parent, (0, 0))
+    # node.json names no team: the one team, default, its user made, and its own work and output directories
+    uid = users.uid_of("default")
+    assert machine.ran("groupadd", "useradd", "usermod") == [  # the image made gpufleet-teams
+        ["groupadd", "--gid", str(uid), "gpufleet-default"],
+        ["useradd", "--uid", str(uid), "--gid", str(uid), "--groups", "gpufleet-teams", "--no-create-home",
+         "--home-dir", "/var/lib/gpufleet/teams/default", "--shell", "/usr/sbin/nologin", "gpufleet-default"]]
+    for d in ("var/lib/gpufleet/teams/default", "var/log/gpufleet/jobs/default"):
+        assert mode(machine.root / d) == 0o700 and owned(machine.root / d, (uid, uid))
+        assert (str((machine.root / d).resolve()), uid, uid) in machine.chowns
 
     assert machine.systemctl_calls == [["restart", "munge.service"], ["restart", "slurmd.service"],
                                        ["start", "gpufleet-watch@gpu-3.service"]]
     assert machine.key_at_first_start == KEY  # the key is in place before munge starts
     assert machine.cloud.asked == [("node_name", NODE), ("munge_key", NODE, False)]  # a node only reads
+
+
+def test_a_node_makes_each_team_of_node_json_a_user_and_leaves_one_it_has_alone(machine):
+    write_json(machine.root, "/etc/gpufleet/node.json", {**NODE, "teams": ["vision", "nlp"]})
+    vision = users.uid_of("vision")
+    machine.users["gpufleet-vision"] = (vision, vision)  # a second boot: vision's user is there, not in the group
+    machine.groups["gpufleet-vision"] = vision
+    assert run(machine, "node") == 0
+    nlp = users.uid_of("nlp")
+    assert machine.ran("groupadd", "useradd", "usermod") == [
+        ["usermod", "--append", "--groups", "gpufleet-teams", "gpufleet-vision"],
+        ["groupadd", "--gid", str(nlp), "gpufleet-nlp"],
+        ["useradd", "--uid", str(nlp), "--gid", str(nlp), "--groups", "gpufleet-teams", "--no-create-home",
+         "--home-dir", "/var/lib/gpufleet/teams/nlp", "--shell", "/usr/sbin/nologin", "gpufleet-nlp"]]
+    assert sorted(p.name for p in (machine.root / "var/lib/gpufleet/teams").iterdir()) == ["nlp", "vision"]
+    assert sorted(p.name for p in (machine.root / "var/log/gpufleet/jobs").iterdir()) == ["nlp", "vision"]
+
+
+def test_a_teams_user_held_with_another_uid_stops_the_node_before_slurmd_starts(machine):
+    write_json(machine.root, "/etc/gpufleet/node.json", {**NODE, "teams": ["vision"]})
+    machine.users["gpufleet-vision"] = (1001, 1001)
+    with pytest.raises(Fault) as err:
+        run(machine, "node")
+    assert str(err.value) == f"users: user gpufleet-vision is uid 1001 gid 1001; expected {users.uid_of('vision')} " \
+                             f"{users.uid_of('vision')}"
+    assert ["restart", "slurmd.service"] not in machine.systemctl_calls
 
 
 def test_node_json_elsewhere_and_an_ipv6_controller(machine, tmp_path):
@@ -319,7 +367,14 @@ def test_controller_makes_the_key_the_state_directory_and_the_bridge_settings_th
     assert mode(dbd) == 0o600 and owned(dbd, SLURM)
     assert (conf["SlurmUser"], conf["StorageHost"], conf["DbdAddr"], conf["DbdPort"]) == (
         "slurm", "127.0.0.1", "127.0.0.1", "6819")
-    (grant_argv, grants), *sacctmgr = machine.commands
+    vision, nlp = users.uid_of("vision"), users.uid_of("nlp")
+    made = [[["groupadd", "--gid", str(uid), f"gpufleet-{team}"],
+             ["useradd", "--uid", str(uid), "--gid", str(uid), "--groups", "gpufleet-teams", "--no-create-home",
+              "--home-dir", f"/var/lib/gpufleet/teams/{team}", "--shell", "/usr/sbin/nologin", f"gpufleet-{team}"]]
+            for team, uid in (("vision", vision), ("nlp", nlp))]
+    # first: slurmctld maps the accounting's user names to uids
+    assert [argv for argv, _ in machine.commands[:4]] == made[0] + made[1]
+    (grant_argv, grants), *sacctmgr = machine.commands[4:]
     assert grant_argv == ["mariadb", "-u", "root"] and f"IDENTIFIED BY '{conf['StoragePass']}'" in grants
     assert len(conf["StoragePass"]) == 32
     assert [argv for argv, _ in sacctmgr] == [
@@ -327,17 +382,17 @@ def test_controller_makes_the_key_the_state_directory_and_the_bridge_settings_th
         ["sacctmgr", "-n", "-P", "show", "associations", "format=account,user,fairshare,grptres"],
         ["sacctmgr", "-i", "add", "account", "vision", "Description=gpufleet team vision", "Fairshare=2",
          "GrpTRES=gres/gpu=-1"],
-        ["sacctmgr", "-i", "add", "user", "gpufleet", "account=vision"],
+        ["sacctmgr", "-i", "add", "user", "gpufleet-vision", "account=vision"],
         ["sacctmgr", "-i", "add", "account", "nlp", "Description=gpufleet team nlp", "Fairshare=1",
          "GrpTRES=gres/gpu=8"],
-        ["sacctmgr", "-i", "add", "user", "gpufleet", "account=nlp"]]
+        ["sacctmgr", "-i", "add", "user", "gpufleet-nlp", "account=nlp"]]  # the bridge's user in none
 
 
 def test_controller_waits_for_mariadb_and_slurmdbd_and_names_the_one_that_never_answers(machine, monkeypatch):
     write_json(machine.root, "/etc/gpufleet/controller.json", CONTROLLER)
     machine.refusals = {"mariadb": 2, "sacctmgr": 3}  # each daemon just started: refused a few times, then answers
     assert run(machine, "controller") == 0
-    assert [argv[0] for argv, _ in machine.commands[:3]] == ["mariadb"] * 3
+    assert [argv[0] for argv in machine.ran("mariadb")] == ["mariadb"] * 3
     assert machine.systemctl_calls[-1] == ["restart", "gpufleet-heal.service"]
 
     machine.commands.clear()

@@ -6,6 +6,7 @@ run the real ones, tests/infra/box)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
 import boto3
@@ -40,25 +41,28 @@ class Queue(JobQueue):
 class Slurm:
     def __init__(self):
         self.scripts, self.listed, self.cancelled = [], [], []
+        self.submitters, self.cancellers = [], []  # whom each sbatch and scancel ran as (None: the bridge)
 
     def jobs(self):
         return list(self.listed)
 
-    def sbatch(self, script):
+    def sbatch(self, script, user=None):
         self.scripts.append(script)
+        self.submitters.append(user)
         return str(100 + len(self.scripts))
 
-    def scancel(self, slurm_id):
+    def scancel(self, slurm_id, user=None):
         self.cancelled.append(slurm_id)
+        self.cancellers.append(user)
 
     def finished(self, ids):
         return []
 
 
-def running(slurm_id: str) -> SlurmJob:
+def running(slurm_id: str, user: str = "gpufleet") -> SlurmJob:
     return SlurmJob(id=slurm_id, array_job_id=None, array_task_id=None, name="gpufleet.shared",
                     comment=batch.COMMENT_PREFIX + "k", state="RUNNING", reason="None", description="", exit_code=0,
-                    restarts=0, nodes=("gpu-1",), user="gpufleet", partition="gpu", submit_time=None,
+                    restarts=0, nodes=("gpu-1",), user=user, partition="gpu", submit_time=None,
                     start_time=None, end_time=None, tasks=1)
 
 
@@ -78,8 +82,9 @@ def recs(moto_endpoint):
     return partial(RecordStore.of_bucket, "teams")  # a team's records
 
 
-def bridge_of(recs, queues, slurm) -> Bridge:
-    return Bridge(None, recs, batch.Site("teams", "python", "/tmp"), slurm=slurm, team_queues=queues)
+def bridge_of(recs, queues, slurm, team_users: bool = False) -> Bridge:
+    return Bridge(None, recs, batch.Site("teams", "python", "/tmp"), slurm=slurm, team_queues=queues,
+                  team_users=team_users)
 
 
 def test_a_job_runs_under_the_account_of_the_queue_it_came_through_whatever_its_body_says(recs):
@@ -123,6 +128,27 @@ def test_a_cancel_in_one_teams_records_cancels_that_teams_job_only(recs):
     bridge._last_cancel_poll = 0.0
     bridge.sync()
     assert slurm.cancelled == [ids["nlp"]]
+
+
+def test_with_team_users_each_teams_jobs_are_submitted_and_cancelled_as_its_own_user(recs):
+    """On a cluster (--submit-as team) Slurm runs each job as the user who submitted it: the bridge submits a
+    team's jobs as the team's user, and cancels as it; a job someone else submitted under the team's account is
+    cancelled as the bridge itself (Slurm lets the team's user cancel its own jobs only)."""
+    vision, nlp, slurm = Queue(body("v1")), Queue(body("n1")), Slurm()
+    bridge = bridge_of(recs, {"vision": vision, "nlp": nlp}, slurm, team_users=True)
+    for _ in range(4):
+        bridge.step()
+    assert sorted(zip(map(account_of, slurm.scripts), slurm.submitters)) == [
+        ("nlp", "gpufleet-nlp"), ("vision", "gpufleet-vision")]
+    v1, n1 = recs("vision").get("v1")["slurm"]["id"], recs("nlp").get("n1")["slurm"]["id"]
+    alices = replace(running("7", "alice"), comment="", account="vision")  # her own sbatch, under vision
+    slurm.listed = [running(v1, "gpufleet-vision"), running(n1, "gpufleet-nlp"), alices]
+    bridge.sync()  # mirrors alice's job 7 among vision's records
+    for job_id in ("v1", "slurm-7"):
+        recs("vision").update(job_id, lambda r: {**r, "cancel_requested": True})
+    bridge._last_cancel_poll = 0.0
+    bridge.sync()
+    assert set(zip(slurm.cancelled, slurm.cancellers)) == {("7", None), (v1, "gpufleet-vision")}
 
 
 def test_a_sweep_is_gathered_within_one_team(recs):
