@@ -15,6 +15,9 @@ Slurm's own state (``squeue --json``, through the one table in trainer.slurm.sta
 - a failure (FAILED, TIMEOUT, ...) is resubmitted while the job's ``retries`` allow (preemptions never count;
   an exit status in ``on_exit_codes`` always retries), each resubmission with its own key;
 - a cancel asked in the record (`gpufleet jobs cancel`) is ``scancel``;
+- a job slurmctld lost (killed before it saved the job: after its restart the job is gone from it, its steps
+  killed, while accounting keeps it running) is submitted again, its attempt ended as a preemption, once
+  slurmctld has nothing left to tell accounting (``sdiag``'s DBD agent queue is empty);
 - jobs submitted with ``sbatch`` directly are mirrored as records ``slurm-<id>`` (kind "sbatch") of the team
   their Slurm account names;
 - an invalid message goes to the dead-letter queue at once, with one line in its record when it names a job of
@@ -393,14 +396,42 @@ class Bridge:
         except SlurmError as exc:
             log.warning("accounting: %s; jobs %s looked up again later", exc, ", ".join(gone))
             return
+        unfinished = [j for j in ended if not lifecycle(j.state, j.exit_code, 0).final]
+        # unfinished in accounting, unknown to slurmctld, and nothing of slurmctld's on its way to accounting: lost
+        lost = {j.id for j in unfinished} if unfinished and self.slurm.accounting_backlog() == 0 else set()
         for j in ended:
             ref = self.known[j.id]
+            if j.id in lost:
+                self._lost(ref, j)
+                continue
             run = ((self.records(ref[0]).get(ref[1]).get("attempts") or [{}])[-1].get("run") or "").partition("#")
             restarts = int(run[2]) if run[0] == j.id and run[2].isdigit() else 0  # the attempt the record has
             log.info("job %s: Slurm job %s ended while the bridge was away: %s (from accounting)", ref[1], j.id,
                      j.state)
             self._apply(ref, replace(j, restarts=restarts),
                         lifecycle(j.state, j.exit_code, restarts).final)
+
+    def _lost(self, ref: Ref, j: SlurmJob) -> None:
+        """A Slurm job slurmctld lost (killed before it saved the job, it forgets it at its restart and kills its
+        steps as orphans; accounting keeps it running forever): its attempt ends as a preemption, which no retry
+        budget counts, and the job is submitted again; a user's own sbatch job is failed (theirs to submit)."""
+        team, job_id = ref
+        self.final.add(j.id)
+        book = self.records(team)
+        rec = book.get(job_id)
+        if (rec.get("slurm") or {}).get("id") != j.id or rec["state"] in rc.TERMINAL:
+            return
+        spec, now = rec.get("spec") or {}, self.clock()
+        mine = spec.get("kind") != "sbatch"
+        log.error("job %s: Slurm job %s is %s in accounting but slurmctld no longer knows it: lost%s", job_id, j.id,
+                  j.state, "; submitted again" if mine else "")
+        outcome = "queued" if mine else "failed"
+        book.update(job_id, lambda r: rc.end(r, outcome, None, "lost", now) if r["state"] == "running"
+                            else {**r, "state": outcome, "reason": "lost", "updated": now}
+                            if r["state"] not in rc.TERMINAL else r)
+        if mine:
+            job = self.with_values(validate({k: v for k, v in spec.items() if k != "array"}))
+            self.submit(team, [(None, job)], f"{job_id}.lost.{len(rec['attempts'])}", resubmit=True)
 
     def cancels(self) -> set[Ref]:
         """Jobs whose record asks for a cancel (read from each known team's records' index every

@@ -245,6 +245,16 @@ def _iso(text: str) -> float | None:
         return None
 
 
+def accounting_backlog() -> int | None:
+    """What slurmctld still has to tell slurmdbd (``sdiag``'s "DBD Agent queue size"): 0 once accounting has all
+    it knows; None where sdiag does not say (no slurmdbd)."""
+    for line in _run(["sdiag"]).splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "DBD Agent queue size" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
 _STORAGE: list[str] = []
 
 
