@@ -130,11 +130,7 @@ class Supervisor:
                 L.team_work_dir(team).mkdir(parents=True, exist_ok=True)
                 L.team_output_dir(team).mkdir(parents=True, exist_ok=True)
             return
-        for argv in users.plan(names, *users.machine()):
-            done = subprocess.run(argv, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(argv)}: {(done.stderr or done.stdout).strip()}")
-            log.info("users: %s", " ".join(argv))
+        users.ensure(names, _command)
         os.chmod(L.root, 0o711)
         os.chmod(L.root / "tmp", 0o1777)
         for private in (L.slurm / "state", L.munge_key.parent, L.root / "account"):
@@ -415,6 +411,12 @@ def reap_orphans(own: set[int]) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def _command(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {(done.stderr or done.stdout).strip()}")
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> None:

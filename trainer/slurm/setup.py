@@ -283,14 +283,6 @@ def _runner(system: System) -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
-def make_team_users(system: System, teams: list[str]) -> None:
-    """Each team's Unix user and group (trainer.slurm.users), made where missing; Fault where a name is held
-    with another id."""
-    for argv in users.plan(teams, *system.accounts()):
-        system.command(argv)
-        log.info("users: %s", " ".join(argv))
-
-
 def bridge_env(settings: dict) -> str:
     """/etc/gpufleet/bridge.env: gpufleet-bridge.service's EnvironmentFile (its flags and the SDKs' standard
     variables), from controller.json: with a queue for each team (``teams[].queue_url``), GPUFLEET_TEAM_QUEUES
@@ -334,7 +326,7 @@ def setup_node(settings: dict, system: System) -> str:
     write_munge_key(system, module.munge_key(settings))
     write_file(system, SLURMD_DEFAULTS, slurmd_defaults(name, slurm).encode(), 0o644)
     teams = settings.get("teams") or [accounts.DEFAULT_TEAM]
-    make_team_users(system, teams)
+    users.ensure(teams, system.command, system.accounts)
     for team in teams:  # each team's work directory (its user's home) and job output, its user's only
         owner = (users.uid_of(team), users.uid_of(team))
         make_private_dir(system, users.home_of(team), owner)
@@ -359,7 +351,7 @@ def setup_controller(settings: dict, system: System) -> None:
     write_munge_key(system, module.munge_key(settings, create=True))
     make_private_dir(system, settings["state_dir"], slurm_owner)
     write_file(system, BRIDGE_ENV, bridge_env(settings).encode(), 0o644)
-    make_team_users(system, [t.name for t in teams])  # slurmctld maps the accounting's user names to uids
+    users.ensure([t.name for t in teams], system.command, system.accounts)  # slurmctld maps users' names to uids
     system.start("munge.service", restart=True)
     start_accounting(system, settings["stack"], slurm_owner)
     system.start("slurmctld.service", restart=True)

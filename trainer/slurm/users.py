@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import logging
 import pwd
-from typing import Iterable
+from typing import Callable, Iterable
 
 from trainer.errors import Fault, UsageError
+
+log = logging.getLogger("gpufleet.users")
 
 PREFIX = "gpufleet-"
 GROUP = "gpufleet-teams"        # every team user's supplementary group: who the bridge may submit as (sudoers)
@@ -84,6 +87,17 @@ def machine() -> tuple[dict[str, tuple[int, int, frozenset[str]]], dict[str, int
             members.setdefault(member, set()).add(g.gr_name)
     users = {p.pw_name: (p.pw_uid, p.pw_gid, frozenset(members.get(p.pw_name, ()))) for p in pwd.getpwall()}
     return users, groups
+
+
+def ensure(teams: Iterable[str], command: Callable[[list[str]], object],
+           accounts: Callable[[], tuple[dict, dict]] = machine) -> list[list[str]]:
+    """Each team's user and group made where missing (:func:`plan` over ``accounts()``, each command run by
+    ``command``, which raises where one fails); the commands run."""
+    todo = plan(teams, *accounts())
+    for argv in todo:
+        command(argv)
+        log.info("users: %s", " ".join(argv))
+    return todo
 
 
 def submit_argv(user: str | None, argv: list[str], env_names: Iterable[str]) -> list[str]:

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from trainer.errors import Fault, UsageError
+from tests.trainer.slurm.test_users import colliding_names
 from trainer.slurm import users
 from trainer.slurm.accounts import (Association, Dbd, Team, apply, changes, database_grants, parse_associations,
                                     render_slurmdbd_conf, teams_of)
@@ -72,17 +73,6 @@ def test_teams_from_json_default_to_one_team_and_refuse_a_repeated_name():
     with pytest.raises(UsageError) as exc:
         teams_of([{"name": a}, {"name": b}])
     assert str(exc.value) == f"teams {a} and {b} would have one Unix uid ({users.uid_of(a)}); rename one"
-
-
-def colliding_names() -> tuple[str, str]:
-    """Two team names whose users' uids hash alike (found by search: the uid space is 10,000)."""
-    seen: dict[int, str] = {}
-    for i in range(100000):
-        name = f"t{i}"
-        if users.uid_of(name) in seen:
-            return seen[users.uid_of(name)], name
-        seen[users.uid_of(name)] = name
-    raise AssertionError("no collision")
 
 
 def test_apply_reads_then_runs_only_what_is_missing_and_a_refusal_is_one_line():
