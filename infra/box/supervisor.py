@@ -121,7 +121,8 @@ class Supervisor:
         trainer.slurm.users), those users made and their directories theirs (0700), and what their jobs must reach
         searchable or writable: the box's directory (0711, every directory above it searchable), slurm.conf, the
         box's TMPDIR (1777) and its EMF file (appended by the teams' group, 0620), never the munge key, the
-        accounting, the bridge's env values or Slurm's state (0700); and the box's launcher of jobs' containers,
+        accounting, the bridge's env values or Slurm's state (0700); the directories above the checkout and its
+        environment searchable (a clone in a 0700 temporary directory is not); and the box's launcher of jobs' containers,
         which the teams' users may run through sudo (:meth:`install_launcher`)."""
         L = self.layout
         names = [t.name for t in self.teams]
@@ -146,6 +147,12 @@ class Supervisor:
                 os.chown(d, uid, uid)
                 os.chmod(d, 0o700)
         self.install_launcher()
+        for top in (REPO, Path(sys.prefix)):  # the checkout and its environment, which the teams' jobs run
+            for above in (top, *top.parents):
+                mode = os.stat(above).st_mode
+                if not mode & stat.S_IXOTH:  # searchable only: nothing listed, read or written
+                    os.chmod(above, stat.S_IMODE(mode) | stat.S_IXOTH)
+                    log.warning("%s made searchable by others: the teams' users run the trainer below it", above)
         team = users.name_of(names[0])
         probe = subprocess.run(["runuser", "-u", team, "--", self.python, "-c", "import trainer"], cwd="/",
                                env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)},
