@@ -4,10 +4,11 @@
 # prints as `export NAME=value` (and removes what it prints as `unset NAME`). It hands every task the node's NCCL/EFA
 # settings (/etc/gpufleet/nccl.env, written at bake time by 60-nccl-env.sh), whatever submitted the job: the bridge,
 # or a user's own sbatch script. The task's LD_LIBRARY_PATH is kept after the node's library directories.
-# Where the job has credentials of its own (an AWS node: the Prolog wrote its token file, the job's, 0400, in a
-# directory only root writes), every task gets them the way AWS hands them to containers: the standard
+# Where the job has credentials of its own (an AWS or Tencent node: the Prolog wrote its token file, the job's,
+# 0400, in a directory only root writes), every task gets them the way AWS hands them to containers: the standard
 # AWS_CONTAINER_CREDENTIALS_FULL_URI (the node's loopback endpoint, gpufleet-credentials.service) and
-# AWS_CONTAINER_AUTHORIZATION_TOKEN, which every AWS SDK reads, with the variables that would win over them unset.
+# AWS_CONTAINER_AUTHORIZATION_TOKEN, which every AWS SDK reads (on Tencent: the trainer's provider, and boto3
+# against COS's S3 API), with the variables that would win over them unset (AWS's and Tencent's static keys).
 # A token file that is a link, or holds anything but a token, is ignored.
 set -euo pipefail
 LC_ALL=C  # the patterns below are ASCII's
@@ -43,7 +44,7 @@ fi
 token="$(head -c 256 -- "$token_file")"
 [[ "$token" =~ ^[0-9]+\.[A-Za-z0-9_-]{43}$ ]] || exit 0
 for name in AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_PROFILE \
-  AWS_CONTAINER_CREDENTIALS_RELATIVE_URI; do
+  AWS_CONTAINER_CREDENTIALS_RELATIVE_URI TENCENTCLOUD_SECRET_ID TENCENTCLOUD_SECRET_KEY TENCENTCLOUD_SESSION_TOKEN; do
   printf 'unset %s\n' "$name"
 done
 printf 'export AWS_CONTAINER_CREDENTIALS_FULL_URI=%s\n' "$endpoint"

@@ -71,6 +71,7 @@ class Names:
     node_group: str          # the nodes' metric dimension (node.json asg_name)
     role: str                # the nodes' CAM role (and its policy)
     controller_role: str     # the controller's CAM role (and its policy)
+    job_role: str            # the jobs' CAM role, which the nodes assume for each job with a narrower policy
     queue: str
     dlq: str
     munge: str               # the SSM secret holding the munge key
@@ -82,7 +83,8 @@ class Names:
         prefix = f"gpufleet-{stack}"
         queue = _cmq_name(f"{prefix}-jobs", 64 - len(DEAD_SUFFIX))
         return cls(prefix=prefix, node_group=f"{prefix}-nodes", role=f"{prefix}-nodes",
-                   controller_role=f"{prefix}-controller", queue=queue, dlq=queue + DEAD_SUFFIX,
+                   controller_role=f"{prefix}-controller", job_role=f"{prefix}-jobs", queue=queue,
+                   dlq=queue + DEAD_SUFFIX,
                    munge=_ssm_name(f"{prefix}-munge"), logset=prefix, metric_namespace=metrics.namespace(stack))
 
 
@@ -244,6 +246,14 @@ def assume_role(service: str) -> dict:
     return _doc({"action": ["name/sts:AssumeRole"], "effect": "allow", "principal": {"service": [service]}})
 
 
+def job_role_trust(uin: str) -> dict:
+    """The job role's trust policy: the account (``qcs::cam::uin/<uin>:root``, the principal CAM documents for a
+    role its own identities assume), so who may assume it is each identity's own policy: in the stack, only the
+    nodes' (``node_policy``'s sts:AssumeRole on this role)."""
+    return _doc({"action": ["name/sts:AssumeRole"], "effect": "allow",
+                 "principal": {"qcs": [f"qcs::cam::uin/{uin}:root"]}})
+
+
 COS_OBJECT_ACTIONS = ("name/cos:GetObject", "name/cos:HeadObject", "name/cos:PutObject", "name/cos:DeleteObject",
                       "name/cos:InitiateMultipartUpload", "name/cos:UploadPart", "name/cos:CompleteMultipartUpload",
                       "name/cos:AbortMultipartUpload", "name/cos:ListParts")
@@ -253,12 +263,35 @@ QUEUE_ACTIONS = ("name/tdmq:ReceiveMessage", "name/tdmq:SendMessage", "name/tdmq
 DESCRIBE_INSTANCES = "name/cvm:DescribeInstances"
 
 
-def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, topic_id: str,
-                munge_secret: str) -> dict:
-    """What a GPU node (its setup, slurmd's jobs, log shipping) may do, each on its one resource: checkpoints and
-    data in the bucket under the stack key, its logs, the munge key (read only), and its own Slurm name (its
-    gpufleet-slurm-node tag, through DescribeInstances). No queue, no instance to launch or end."""
+JOB_WRITES = "teams/*/jobs/*"                        # each job's own prefix (trainer.jobs.layout)
+JOB_READS = ("teams/*/code/*", "teams/*/data/*")    # its team's bundles and data
+
+
+def job_role_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str) -> dict:
+    """The job role: the ceiling of every job's rights. The node's credentials daemon assumes it for each job with
+    a policy naming that job's ``teams/<team>/jobs/<id>/`` and its team's code and data
+    (trainer.clouds.tencent_credentials); STS grants the intersection, so a job's key reaches its own prefix only.
+    No write to ``teams/<team>/jobs-index/`` (the bridge keeps it); nothing of the node role (munge key, logs,
+    instances) reaches a job."""
+    base = f"qcs::cos:{region}:uid/{app_id}:{bucket}"
     return _doc(
+        _allow(COS_OBJECT_ACTIONS, [f"{base}/{JOB_WRITES}"]),
+        _allow(("name/cos:GetObject", "name/cos:HeadObject"), [f"{base}/{p}" for p in JOB_READS]),
+        _allow(("name/cos:GetBucket",), [f"{base}/"],
+               {"string_like": {"cos:prefix": [JOB_WRITES, *JOB_READS]}}),
+        _allow(("name/cos:HeadBucket",), [f"{base}/"]),
+        _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
+    )
+
+
+def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, topic_id: str,
+                munge_secret: str, job_role: str) -> dict:
+    """What a GPU node (its setup, its credentials daemon, log shipping) may do, each on its one resource:
+    checkpoints and data in the bucket under the stack key, its logs, the munge key (read only), its own Slurm name
+    (its gpufleet-slurm-node tag, through DescribeInstances) and the job role, which it assumes for each job. No
+    queue, no instance to launch or end. Jobs hold none of it: the metadata service answers only root on a node."""
+    return _doc(
+        _allow(["name/sts:AssumeRole"], [cam_role_resource(uin, job_role)]),
         _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
         _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
         _allow(["name/cls:pushLog"], [cls_topic_resource(region, uin, topic_id)]),
@@ -420,11 +453,19 @@ def tencent_settings(region: str, app_id: str, role: str) -> dict:
     return {"app_id": app_id, "role_name": role, "cos_endpoint": cos_endpoint(region)}
 
 
-def node_settings(cfg: StackConfig, part: Partition, names: Names, *, bucket: str, app_id: str, log_topic: str,
-                  munge_secret: str, home_ip: str) -> dict:
-    """A partition's /etc/gpufleet/node.json."""
+def job_role_arn(uin: str, role: str) -> str:
+    """The job role as STS AssumeRole's RoleArn takes it."""
+    return cam_role_resource(uin, role)
+
+
+def node_settings(cfg: StackConfig, part: Partition, names: Names, *, bucket: str, app_id: str, uin: str,
+                  log_topic: str, munge_secret: str, home_ip: str) -> dict:
+    """A partition's /etc/gpufleet/node.json: under ``tencent`` also the job role and the bucket its credentials
+    daemon narrows each job's key to (trainer.node.jobcreds)."""
+    own = {**tencent_settings(cfg.region, app_id, names.role), "job_role_arn": job_role_arn(uin, names.job_role),
+           "bucket": bucket}
     return node_json(cfg, part, bucket=f"cos://{bucket}", asg_name=names.node_group, log_group=log_topic,
-                     own=tencent_settings(cfg.region, app_id, names.role), slurm_=slurm_settings(munge_secret),
+                     own=own, slurm_=slurm_settings(munge_secret),
                      mounts=node_mounts(home_ip))
 
 

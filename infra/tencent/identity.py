@@ -1,7 +1,8 @@
 """Identity: the CAM roles of the GPU nodes (the launch templates' cam_role_name) and of the controller, each
-assumable by CVM only (the machines read the role's temporary key from the metadata service), the nodes' policy,
-and the cluster's munge key secret. The controller's policy names the stack's launch resources and is attached
-where the controller is made (infra.tencent.controller).
+assumable by CVM only (the machines read the role's temporary key from the metadata service, which on a node answers
+only root), the nodes' policy, the jobs' role (the nodes assume it for each job, narrowed to the job:
+trainer.clouds.tencent_credentials) and the cluster's munge key secret. The controller's policy names the stack's
+launch resources and is attached where the controller is made (infra.tencent.controller).
 
 The munge key authenticates every Slurm message of the cluster. Its SSM secret is made here, encrypted with the
 stack key, holding no key: the provider's secret resource writes a first version of its own ("default"), and a
@@ -57,5 +58,22 @@ class Identity(pulumi.ComponentResource):
                                  opts=child)
         self.attachment = cam.RolePolicyAttachment(f"{self._name}-nodes-policy-attachment", role_id=self.role.id,
                                                    policy_id=self.policy.id, opts=child)
+
+    def jobs(self, names: derive.Names, uin: pulumi.Input[str], document: pulumi.Input[dict], tags: dict) -> None:
+        """The jobs' role (derive.job_role_trust, derive.job_role_policy); call after ``grant``."""
+        child = pulumi.ResourceOptions(parent=self)
+        self.job_role = cam.Role(
+            f"{self._name}-jobs", name=names.job_role,
+            document=pulumi.Output.from_input(uin).apply(lambda u: json.dumps(derive.job_role_trust(u))),
+            description="gpufleet jobs: each job's own key, narrowed to the job by its node", console_login=False,
+            session_duration=SESSION_S, tags=tags, opts=child)
+        self.job_policy = cam.Policy(f"{self._name}-jobs-policy", name=names.job_role,
+                                     document=pulumi.Output.from_input(document).apply(json.dumps),
+                                     description="gpufleet jobs: the ceiling of a job's rights (teams' prefixes)",
+                                     opts=child)
+        self.job_attachment = cam.RolePolicyAttachment(f"{self._name}-jobs-policy-attachment",
+                                                       role_id=self.job_role.id, policy_id=self.job_policy.id,
+                                                       opts=child)
         self.register_outputs({"roleName": self.role.name, "controllerRoleName": self.controller_role.name,
-                               "policyId": self.policy.id, "mungeSecret": self.munge_secret.secret_name})
+                               "jobRoleName": self.job_role.name, "policyId": self.policy.id,
+                               "mungeSecret": self.munge_secret.secret_name})

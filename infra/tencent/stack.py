@@ -81,7 +81,10 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
     identity.grant(names.role, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id,
                                                  monitoring.topic_id, identity.munge_secret.secret_name).apply(
         lambda v: derive.node_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3],
-                                     topic_id=v[4], munge_secret=v[5])))
+                                     topic_id=v[4], munge_secret=v[5], job_role=names.job_role)))
+    identity.jobs(names, uin, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id).apply(
+        lambda v: derive.job_role_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3])),
+        tags)
     shared = SharedFs("shared-fs", SharedFsArgs(
         prefix=names.prefix, zone=network.controller_zone, vpc_id=network.vpc_id,
         subnet_id=network.controller_subnet.id, node_cidrs=network.node_cidrs, tags=tags))
@@ -93,9 +96,9 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         subnets[part.name] = placed.apply(lambda v: v[0])
         zones[part.name] = placed.apply(lambda v: v[1])
         settings = pulumi.Output.all(storage.bucket_name, app_id, monitoring.topic_id,
-                                     identity.munge_secret.secret_name, shared.home.mount_ip).apply(
+                                     identity.munge_secret.secret_name, shared.home.mount_ip, uin).apply(
             lambda v, part=part: derive.node_settings(cfg, part, names, bucket=v[0], app_id=v[1], log_topic=v[2],
-                                                      munge_secret=v[3], home_ip=v[4]))
+                                                      munge_secret=v[3], home_ip=v[4], uin=v[5]))
         templates[part.name] = PartitionNodes(f"partition-{part.name}", PartitionArgs(
             prefix=names.prefix, partition=part, image_id=image, vpc_id=network.vpc_id,
             subnet_ids=subnets[part.name], zones=zones[part.name], security_group_id=network.security_group_id,
@@ -141,6 +144,7 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "image": image,
         "nodeRole": identity.role_name,
         "controllerRole": identity.controller_role.name,
+        "jobRole": identity.job_role.name,
         "mungeKeySecret": identity.munge_secret.secret_name,
         "sharedFileSystem": shared.home.id,
         "slurmStateFileSystem": shared.state.id,

@@ -9,6 +9,7 @@ nobody (65534), as a job's process (or its container's, on host network) would.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from tests.ami.conftest import AMI, require
 
 SCRIPT = AMI / "files" / "gpufleet-imds-root-only.sh"
 IPV4, IPV6 = "169.254.169.254", "fd00:ec2::254"  # the service's own addresses, private to the namespace
+TENCENT = "169.254.0.23"  # metadata.tencentyun.com
 NOBODY, WATCHER = 65534, 65533
 
 
@@ -71,6 +73,13 @@ def _ip6tables_works(ns: Namespace) -> bool:
 @pytest.fixture
 def metadata_service():
     """A namespace whose 169.254.169.254:80 (and [fd00:ec2::254]:80 where IPv6 works) answers HTTP 200."""
+    with serving(IPV4, IPV6) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving(ipv4: str, ipv6: str | None):
+    """A namespace whose IPV4:80 (and [IPV6]:80, given and where IPv6 works) answers HTTP 200."""
     if os.geteuid() != 0:
         pytest.skip("needs root: a network namespace of its own, iptables in it, and requests as another user")
     for tool in ("ip", "iptables", "curl", "setpriv", "python3"):
@@ -90,12 +99,12 @@ def metadata_service():
         if ns.run([ip, "link", "add", "imds0", "type", "dummy"]).returncode == 0:
             device = "imds0"
             assert ns.run([ip, "link", "set", "imds0", "up"]).returncode == 0
-        added = ns.run([ip, "addr", "add", f"{IPV4}/32", "dev", device])
+        added = ns.run([ip, "addr", "add", f"{ipv4}/32", "dev", device])
         assert added.returncode == 0, added.stderr
-        addresses = [IPV4]
-        if _ip6tables_works(ns) and ns.run([ip, "-6", "addr", "add", f"{IPV6}/128", "dev", device,
-                                            "nodad"]).returncode == 0:
-            addresses.append(IPV6)
+        addresses = [ipv4]
+        if ipv6 and _ip6tables_works(ns) and ns.run([ip, "-6", "addr", "add", f"{ipv6}/128", "dev", device,
+                                                     "nodad"]).returncode == 0:
+            addresses.append(ipv6)
         for address in addresses:
             ns.servers.append(ns.popen(
                 [require("python3"), "-m", "http.server", "80", "--bind", address, "--directory", str(docroot)],
@@ -194,14 +203,38 @@ def test_an_allowed_user_gets_through_and_only_it(metadata_service):
     assert rules(ns, "iptables", IPV4) == [root, root.replace("--uid-owner 0", f"--uid-owner {WATCHER}"), reject]
 
 
+def test_on_tencent_its_own_service_answers_root_only():
+    """`--cloud-of` a Tencent node's node.json (what the unit passes): 169.254.0.23, which has no IPv6 address."""
+    node_json = Path(tempfile.mkdtemp(prefix="gpufleet-imds-")) / "node.json"
+    node_json.write_text('{"cloud": "tencent", "region": "ap-shanghai"}')
+    with serving(TENCENT, None) as (ns, _):
+        assert get(ns, TENCENT, NOBODY) == "200"
+        done = ns.run(["bash", str(SCRIPT), "--allow", str(WATCHER), "--cloud-of", str(node_json)])
+        assert done.returncode == 0, done.stderr
+        assert "the tencent metadata service has no IPv6 address" in done.stdout
+        assert get(ns, TENCENT) == "200" and get(ns, TENCENT, WATCHER) == "200"
+        assert get(ns, TENCENT, NOBODY) == "refused"
+        root, reject = pair(TENCENT, 32)
+        assert rules(ns, "iptables", TENCENT) == [root, root.replace("--uid-owner 0", f"--uid-owner {WATCHER}"),
+                                                  reject]
+        assert rules(ns, "iptables", IPV4) == []
+    shutil.rmtree(node_json.parent)
+
+
 def test_wrong_usage_is_refused_before_any_rule():
     # in a namespace of its own as root too: the host's rules are never the test's
     private = [require("unshare"), "--net", "--"] if os.geteuid() == 0 else []
-    for args, message in ((["--allow"], "--allow needs a user"), (["--deny", "x"], "unknown option --deny")):
+    azure = Path(tempfile.mkdtemp(prefix="gpufleet-imds-")) / "node.json"
+    azure.write_text('{"cloud": "azure"}')
+    for args, message in ((["--allow"], "--allow needs a value"), (["--deny", "x"], "unknown option --deny"),
+                          (["--cloud", "azure"], "cloud azure: expected aws or tencent"),
+                          (["--cloud-of", str(azure)], "cloud azure: expected aws or tencent"),
+                          (["--cloud-of", "/nonexistent/node.json"], "cloud unreadable /nonexistent/node.json")):
         done = _run([*private, "bash", str(SCRIPT), *args])
-        assert done.returncode == 2 and message in done.stderr
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    shutil.rmtree(azure.parent)
     text = SCRIPT.read_text()
     header = text[:text.index("set -euo pipefail")]
     assert "--network host" in header and "OUTPUT chain" in header  # why containers are covered too
-    assert 'ipv4="${1:-169.254.169.254}"' in text and 'ipv6="${2:-fd00:ec2::254}"' in text
+    assert 'ipv4="${1:-169.254.169.254}" ipv6="${2:-fd00:ec2::254}"' in text
     assert re.search(r"--uid-owner \"\$user\" -j ACCEPT", text)

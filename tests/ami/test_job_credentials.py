@@ -1,7 +1,7 @@
-"""Each job's own credentials on an AWS node (issue 23), as the image wires them: the metadata filter's and the
-credentials daemon's units (AWS nodes only, by node.json's cloud, as the node's other settings), Slurm's Prolog and
-Epilog (always exit 0, failures to syslog, nothing off AWS) and where the image installs them. The filter itself is
-run for real in tests/ami/test_imds_filter.py, the TaskProlog in tests/ami/test_task_prolog.py."""
+"""Each job's own credentials on an AWS or Tencent node (issue 23), as the image wires them: the metadata filter's and
+the credentials daemon's units (AWS and Tencent nodes, by node.json's cloud, as the node's other settings), Slurm's
+Prolog and Epilog (always exit 0, failures to syslog, nothing on Azure) and where the image installs them. The
+filter itself is run for real in tests/ami/test_imds_filter.py, the TaskProlog in tests/ami/test_task_prolog.py."""
 from __future__ import annotations
 
 import json
@@ -21,8 +21,8 @@ def exec_condition(name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", CREDENTIALS_UNITS)
-@pytest.mark.parametrize("cloud, runs", [("aws", True), ("azure", False), ("tencent", False), (None, False)])
-def test_the_units_run_on_aws_nodes_only(tmp_path, name, cloud, runs):
+@pytest.mark.parametrize("cloud, runs", [("aws", True), ("azure", False), ("tencent", True), (None, False)])
+def test_the_units_run_on_aws_and_tencent_nodes_only(tmp_path, name, cloud, runs):
     """The condition, run for real on a node.json of each cloud: exit 0 runs the unit; 1 to 254 skips it (systemd's
     ExecCondition), never fails it. No node.json (the controller, a build machine): skipped by ConditionPathExists."""
     from trainer.node import node_schema
@@ -31,7 +31,7 @@ def test_the_units_run_on_aws_nodes_only(tmp_path, name, cloud, runs):
     u = unit(name)
     assert u["Unit"]["ConditionPathExists"] == node_schema.PATH
     argv = exec_condition(name)
-    assert argv == ["/usr/bin/jq", "-e", '.cloud == "aws"', node_schema.PATH]
+    assert argv == ["/usr/bin/jq", "-e", '.cloud == "aws" or .cloud == "tencent"', node_schema.PATH]
     node_json = tmp_path / "node.json"
     node_json.write_text(json.dumps({"cloud": cloud, "region": "r"} if cloud else {"region": "r"}))
     status = subprocess.run([require("jq"), *argv[1:-1], str(node_json)], capture_output=True, timeout=30).returncode
@@ -50,7 +50,9 @@ def test_the_metadata_filter_is_in_place_before_any_job_or_container():
     assert "gpufleet-imds.service" in slurmd["Unit"]["After"].split()
     assert "cloud-init.service" in imds["Unit"]["After"].split()  # which writes node.json
     # root, and the notice watcher's user (it reads spot interruption notices there; no job runs as it)
-    assert imds["Service"]["ExecStart"].split() == ["/usr/local/sbin/gpufleet-imds-root-only", "--allow", "slurm"]
+    # (each cloud's own service: the cloud node.json names)
+    assert imds["Service"]["ExecStart"].split() == ["/usr/local/sbin/gpufleet-imds-root-only", "--allow", "slurm",
+                                                    "--cloud-of", "/etc/gpufleet/node.json"]
     assert unit("gpufleet-watch@.service")["Service"]["User"] == "slurm"
     assert imds["Install"]["WantedBy"] == "multi-user.target"
 
@@ -146,9 +148,11 @@ class Node:
 
 
 @pytest.mark.parametrize("program", ["prolog", "epilog"])
-def test_on_aws_each_job_program_runs_the_trainers_and_logs_nothing_when_it_works(tmp_path, program):
+@pytest.mark.parametrize("cloud", ["aws", "tencent"])
+def test_on_aws_and_tencent_each_job_program_runs_the_trainers_and_logs_nothing_when_it_works(tmp_path, program,
+                                                                                              cloud):
     node = Node(tmp_path, program)
-    node.cloud("aws")
+    node.cloud(cloud)
     result = node.run()
     assert result.returncode == 0 and result.stdout == "" and result.stderr == ""
     assert node.calls() == [f"credentials {program}"]
@@ -173,9 +177,9 @@ def test_a_failure_goes_to_syslog_and_the_program_still_exits_0(tmp_path, progra
 
 
 @pytest.mark.parametrize("program", ["prolog", "epilog"])
-@pytest.mark.parametrize("cloud", ["azure", "tencent", None, "{broken"])
-def test_off_aws_each_job_program_does_nothing(tmp_path, program, cloud):
-    """Azure and Tencent nodes have no per-job credentials yet; no node.json or a broken one: nothing either."""
+@pytest.mark.parametrize("cloud", ["azure", None, "{broken"])
+def test_on_azure_each_job_program_does_nothing(tmp_path, program, cloud):
+    """Azure nodes have no per-job credentials yet; no node.json or a broken one: nothing either."""
     node = Node(tmp_path, program)
     if cloud == "{broken":
         node.node_json.write_text(cloud)

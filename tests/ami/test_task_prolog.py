@@ -31,7 +31,9 @@ NCCL_EXPORTS = [
 
 def credential_lines(endpoint: str, token: str) -> list[str]:
     return ["unset AWS_ACCESS_KEY_ID", "unset AWS_SECRET_ACCESS_KEY", "unset AWS_SESSION_TOKEN", "unset AWS_PROFILE",
-            "unset AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", f"export AWS_CONTAINER_CREDENTIALS_FULL_URI={endpoint}",
+            "unset AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "unset TENCENTCLOUD_SECRET_ID",
+            "unset TENCENTCLOUD_SECRET_KEY", "unset TENCENTCLOUD_SESSION_TOKEN",
+            f"export AWS_CONTAINER_CREDENTIALS_FULL_URI={endpoint}",
             f"export AWS_CONTAINER_AUTHORIZATION_TOKEN={token}"]
 
 
@@ -85,7 +87,7 @@ def test_a_job_with_a_token_gets_its_own_credentials_after_the_nccl_settings(nod
     assert done.stdout.splitlines() == NCCL_EXPORTS + credential_lines(ENDPOINT, TOKEN)
     (credentials / "tokens" / "4242").write_text(TOKEN + "\n")  # a trailing newline is no part of the token
     other = "http://127.0.0.1:9/v1/credentials"
-    assert prolog(settings, str(credentials), other, SLURM_JOB_ID="4242").stdout.splitlines()[-7:] == (
+    assert prolog(settings, str(credentials), other, SLURM_JOB_ID="4242").stdout.splitlines()[-10:] == (
         credential_lines(other, TOKEN))
 
 

@@ -73,7 +73,7 @@ def _stack_nodes():
 
             node = derive.node_settings(cfg, cfg.partitions[0], derive.Names.of(stack),
                                         bucket=f"gpufleet-{stack}-data-1250000000", app_id="1250000000",
-                                        log_topic="8e1e679e-d520-4efa-8266-0fc8e6986583",
+                                        uin="100000000001", log_topic="8e1e679e-d520-4efa-8266-0fc8e6986583",
                                         munge_secret=f"gpufleet-{stack}-munge", home_ip=derive.HOME_FS_IP)
         else:
             from infra.azure.derive import node_settings
@@ -282,6 +282,23 @@ def test_the_job_role_is_a_role_arn_of_any_partition_and_the_aws_object_is_optio
     assert node_json(render_node_user_data(node))["aws"] == node["aws"]
     without = {k: v for k, v in SLURM_NODE.items() if k != "aws"}   # optional, even for the writer
     assert node_json(render_node_user_data(without)) == without
+
+
+@pytest.mark.parametrize("role, allowed", [
+    ("qcs::cam::uin/100000000001:roleName/gpufleet-dev-jobs", True),
+    ("qcs::cam::uin/100000000001:uin/100000000002", False),     # a user, not a role
+    ("arn:aws:iam::123456789012:role/job", False),
+    ("qcs::cam::uin/100000000001:roleName/jobs\n", False),     # a name pattern matches the whole value
+])
+def test_a_tencent_nodes_job_role_is_a_cam_role(role, allowed):
+    tencent = {"app_id": "1250000000", "role_name": "gpufleet-dev-nodes", "cos_endpoint": "https://cos.x",
+               "job_role_arn": role, "bucket": "gpufleet-dev-data-1250000000"}
+    node = {**{k: v for k, v in SLURM_NODE.items() if k != "aws"}, "cloud": "tencent", "tencent": tencent}
+    if allowed:
+        assert node_json(render_node_user_data(node))["tencent"] == tencent
+    else:
+        with pytest.raises(ValueError, match="^node.tencent.job_role_arn: .* is not allowed; expected a CAM role"):
+            render_node_user_data(node)
 
 
 def test_a_slurm_node_needs_its_slurm_object():

@@ -15,8 +15,8 @@ no emulator): the CVM metadata service, TDMQ CMQ's data-flow API and API 3.0 (Au
   answers {"Response": {..., "RequestId"}} or {"Response": {"Error": {Code, Message}}}. Actions are
   handlers the test registers; FakeCvm and FakeSsm register CVM's and Secrets Manager's (below).
 - CVM 2017-03-12 (RunInstances, DescribeInstances, TerminateInstances, the Instance and Filter data types, the
-  CVM error codes) and Secrets Manager 2019-09-23 (GetSecretValue, PutSecretValue, its error codes): see
-  FakeCvm and FakeSsm.
+  CVM error codes), Secrets Manager 2019-09-23 (GetSecretValue, PutSecretValue, its error codes) and STS
+  2018-08-13 (AssumeRole): see FakeCvm, FakeSsm and FakeSts.
 """
 from __future__ import annotations
 
@@ -593,3 +593,51 @@ class FakeSsm:
                 raise Refused("ResourceInUse.VersionIdExists", f"version {version!r} already exists")
             versions[version] = {k: p[k] for k in ("SecretBinary", "SecretString") if p.get(k)}
             return {"SecretName": p["SecretName"], "VersionId": version}
+
+
+STS_VERSION = "2018-08-13"
+
+
+class FakeSts:
+    """STS AssumeRole, written from Tencent's API documentation (version 2018-08-13): RoleArn
+    (``qcs::cam::uin/<uin>:roleName/<name>`` or ``...:role/<id>``), RoleSessionName (2-128 of ``[\\w+=,.@-]``),
+    DurationSeconds (at most 43200, default 7200) and Policy (a CAM policy, URL-encoded once, without a principal);
+    answers Credentials {Token, TmpSecretId, TmpSecretKey}, ExpiredTime (Unix time) and Expiration (ISO 8601).
+    Each answer is a fresh key; ``issued`` holds (session name, the decoded policy) of each."""
+
+    ROLE_ARN = re.compile(r"qcs::cam::uin/\d+:(roleName/[\w+=,.@-]+|role/\d+)\Z")
+    SESSION = re.compile(r"[\w+=,.@-]{2,128}\Z")
+
+    def __init__(self, roles: tuple[str, ...]):
+        self.roles = set(roles)
+        self.issued: list[tuple[str, dict | None]] = []
+
+    def install(self, api: FakeApi3) -> "FakeSts":
+        api.versions["sts"] = STS_VERSION
+        api.handlers[("sts", "AssumeRole")] = self._assume
+        return self
+
+    def _assume(self, p: dict) -> dict:
+        from urllib.parse import unquote
+
+        arn, session, duration = p.get("RoleArn", ""), p.get("RoleSessionName", ""), p.get("DurationSeconds", 7200)
+        if not self.ROLE_ARN.match(arn) or not self.SESSION.match(session):
+            raise Refused("InvalidParameter", f"RoleArn {arn!r} or RoleSessionName {session!r}")
+        if not isinstance(duration, int) or not 0 < duration <= 43200:
+            raise Refused("InvalidParameter.DurationSecondsInvalid", str(duration))
+        if arn not in self.roles:
+            raise Refused("InvalidParameter.RoleNotExist", arn)
+        policy = None
+        if "Policy" in p:
+            try:
+                policy = json.loads(unquote(p["Policy"]))
+            except ValueError:
+                raise Refused("InvalidParameter.PolicyFormatError", "not a URL-encoded JSON policy") from None
+            if "principal" in json.dumps(policy) or policy.get("version") != "2.0":
+                raise Refused("InvalidParameter.PolicyFormatError", "a policy of version 2.0, without principal")
+        self.issued.append((session, policy))
+        expires = int(time.time()) + duration
+        n = len(self.issued)
+        return {"Credentials": {"Token": f"job-token-{n}", "TmpSecretId": f"AKIDjob{n}", "TmpSecretKey": f"jobkey{n}"},
+                "ExpiredTime": expires,
+                "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))}

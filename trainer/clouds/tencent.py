@@ -5,9 +5,11 @@ provider, node name and munge key build on it (trainer.clouds.tencent_nodes).
 The machine's settings are /etc/gpufleet/node.json on a GPU node, else /etc/gpufleet/controller.json on the Slurm
 controller (which has no node.json); both name the cloud, the region and, under ``tencent``, the machine's CAM role.
 Credentials, first found: a key in the environment (``TENCENTCLOUD_SECRET_ID``/``_SECRET_KEY``/
-``_SESSION_TOKEN``, the SDK's and CLI's names), else, on a Tencent machine of the stack (its settings say so) or
-where ``TENCENTCLOUD_METADATA_ENDPOINT`` points at a metadata service, the temporary key of the machine's CAM role
-from the metadata service, fetched again before it expires. Nowhere else is a metadata address contacted.
+``_SESSION_TOKEN``, the SDK's and CLI's names), else a job's own key from its node's credentials endpoint (where
+the TaskProlog set ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` and its token: trainer.node.jobcreds), else, on a
+Tencent machine of the stack (its settings say so) or where ``TENCENTCLOUD_METADATA_ENDPOINT`` points at a metadata
+service, the temporary key of the machine's CAM role from the metadata service (which answers only root on a
+node), fetched again before it expires. Nowhere else is a metadata address contacted.
 The region is ``TENCENTCLOUD_REGION`` (the CLI's) or the settings'.
 
 COS (``cos://<bucket>-<appid>/prefix``): the S3 store over COS's S3-compatible endpoint
@@ -37,8 +39,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from trainer.clouds.s3store import S3Store
-from trainer.clouds.tencent_api import (METADATA_ENDPOINT, ApiError, Cmq, Metadata, MetadataUnavailable,
-                                        RoleCredentials, StaticCredentials, env_credentials)
+from trainer.clouds.tencent_credentials import JobRoleIssuer, bucket_of
+from trainer.clouds.tencent_api import (METADATA_ENDPOINT, Api, ApiError, Cmq, Metadata, MetadataUnavailable,
+                                        RoleCredentials, StaticCredentials, endpoint_credentials, env_credentials)
 from trainer.errors import Fault, UsageError
 from trainer.jobs.queue import JobQueue, Message
 from trainer.loop.notices import NoticeWatcher
@@ -51,6 +54,7 @@ CONTROLLER_JSON = "/etc/gpufleet/controller.json"   # the Slurm controller's (tr
 REGION = "TENCENTCLOUD_REGION"
 SPOT = "meta-data/spot/termination-time"
 INSTANCE_TYPE = "meta-data/instance/instance-type"
+INSTANCE_ID = "meta-data/instance-id"
 NO_MESSAGE = 7000          # CMQ: the queue has no message to hand out
 DEAD_SUFFIX = "-dead"
 
@@ -72,6 +76,9 @@ def credentials(settings: dict | None = None, environ=os.environ):
     found = env_credentials(environ)
     if found:
         return StaticCredentials(found)
+    job = endpoint_credentials(environ)
+    if job:  # a job's process on a node: its own key (trainer.node.jobcreds), never the node's
+        return job
     settings = node_settings() if settings is None else settings
     if settings.get("cloud") == "tencent" or environ.get(METADATA_ENDPOINT):
         return RoleCredentials(Metadata(), (settings.get("tencent") or {}).get("role_name"))
@@ -248,11 +255,32 @@ def start_watcher(notice, settings: dict, interval_s: float = 2.0) -> SpotWatche
     return SpotWatcher(notice, interval_s=interval_s).start()
 
 
+# --- A job's own key -----------------------------------------------------------------------------
+
+def job_issuer(settings: dict, api: Api | None = None):
+    """The issuer of a node whose node.json has ``tencent.job_role_arn`` and ``tencent.bucket`` (infra.tencent): STS
+    with the node's own CAM role (trainer.clouds.tencent_credentials)."""
+    own = settings.get("tencent") or {}
+    api = api or Api(credentials(settings), settings["region"])
+    return JobRoleIssuer(own["job_role_arn"], bucket_of(own["bucket"]), settings["region"], own["app_id"], api)
+
+
+def instance_facts(metadata: Metadata | None = None) -> dict[str, str]:
+    """What a job may know of its instance (id and type; nothing secret), which root's credentials endpoint
+    publishes for jobs (trainer.node.jobcreds.INSTANCE), since the metadata service answers only root."""
+    metadata = metadata or Metadata()
+    try:
+        return {k: v for k, v in (("instance_id", metadata.get(INSTANCE_ID)),
+                                  ("instance_type", metadata.get(INSTANCE_TYPE))) if v}
+    except MetadataUnavailable:
+        return {}
+
+
 # --- Node platform ----------------------------------------------------------------------------------
 
 class NodePlatform(Platform):
-    """This CVM: its instance type from the metadata service (secrets and registry logins are the base class's:
-    none)."""
+    """This CVM: its instance type, from what root published for jobs (trainer.node.jobcreds.INSTANCE) or else the
+    metadata service (secrets and registry logins are the base class's: none)."""
 
     name = "tencent"
 
@@ -260,6 +288,14 @@ class NodePlatform(Platform):
         self.node, self.metadata = node, metadata or Metadata()
 
     def instance_type(self) -> str | None:
+        from trainer.node import jobcreds  # lazy: the node's side only
+
+        try:
+            known = json.loads(Path(jobcreds.INSTANCE).read_text())
+        except (OSError, ValueError):
+            known = {}
+        if known.get("instance_type"):
+            return known["instance_type"]
         try:
             return self.metadata.get(INSTANCE_TYPE)
         except MetadataUnavailable:

@@ -31,6 +31,9 @@ METADATA = "http://metadata.tencentyun.com"
 METADATA_ENDPOINT = "TENCENTCLOUD_METADATA_ENDPOINT"   # gpufleet's pointer to a metadata service (tests: a fake)
 REFRESH_MARGIN_S = 900   # past botocore's 15-minute advisory refresh window, so its refresh gets a new key
 CMQ_PATH = "/v2/index.php"
+# A job's own key (trainer.node.jobcreds): the variables AWS SDKs read, set by the TaskProlog on every cloud
+CREDENTIALS_URI, CREDENTIALS_TOKEN = "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class MetadataUnavailable(notices.MetadataUnavailable):
@@ -114,6 +117,52 @@ class RoleCredentials:
             if c is None or (c.expires_at is not None and time.time() > c.expires_at - self.margin_s):
                 self._creds = self.metadata.role_credentials(self.role)
             return self._creds
+
+
+class EndpointCredentials:
+    """A job's own key on a gpufleet node: the node's credentials endpoint on loopback (trainer.node.jobcreds),
+    asked with the job's token, the way AWS SDKs ask a container-credentials endpoint (the TaskProlog sets
+    ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` and ``AWS_CONTAINER_AUTHORIZATION_TOKEN``); asked again shortly before
+    the key expires. Only a loopback http:// address is asked: the token never leaves the machine."""
+
+    def __init__(self, uri: str, token: str, margin_s: float = REFRESH_MARGIN_S, timeout_s: float = 5.0):
+        if not on_loopback(uri):
+            raise ValueError(f"credentials endpoint {uri!r}: only a loopback http:// address is asked")
+        self.uri, self.token, self.margin_s, self.timeout_s = uri, token, margin_s, timeout_s
+        self._creds: Credentials | None = None
+        self._lock = threading.Lock()
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _fetch(self) -> Credentials:
+        req = urllib.request.Request(self.uri, headers={"Authorization": self.token})
+        try:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
+                doc = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise MetadataUnavailable(f"the node's credentials endpoint refused this job's token (HTTP {exc.code})"
+                                      ) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise MetadataUnavailable(f"no credentials endpoint at {self.uri}: {exc}") from None
+        expires = datetime.strptime(doc["Expiration"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        return Credentials(doc["AccessKeyId"], doc["SecretAccessKey"], doc.get("Token", ""), expires.timestamp())
+
+    def get(self) -> Credentials:
+        with self._lock:
+            c = self._creds
+            if c is None or time.time() > c.expires_at - self.margin_s:
+                self._creds = self._fetch()
+            return self._creds
+
+
+def on_loopback(uri: str) -> bool:
+    return uri.startswith("http://") and (urllib.parse.urlparse(uri).hostname or "") in LOOPBACK_HOSTS
+
+
+def endpoint_credentials(environ=os.environ) -> EndpointCredentials | None:
+    """The job's endpoint, where the TaskProlog gave one (AWS's container-credentials variables, on loopback; one
+    elsewhere is another host's, an ECS task's or an EKS pod's, and holds no Tencent key)."""
+    uri, token = environ.get(CREDENTIALS_URI), environ.get(CREDENTIALS_TOKEN)
+    return EndpointCredentials(uri, token) if uri and token and on_loopback(uri) else None
 
 
 class StaticCredentials:

@@ -12,11 +12,13 @@ Three parts, the way AWS hands credentials to containers (ECS task roles, EKS Po
   sbatch script or a job's script claiming another job, is the bridge's mirror job ``slurm-<id>``
   (trainer.slurm.bridge.MIRROR_PREFIX) and gets that prefix.
 - the daemon (``serve``, root, loopback only) answers ``GET /v1/credentials`` with ``Authorization: <token>``:
-  the job's credentials from the cloud's issuer (AWS: the stack's job role through STS with a session policy
-  narrowing it to the job, trainer.clouds.aws_credentials), cached and renewed before they expire. A token is
+  the job's credentials from the cloud's issuer (the stack's job role through the cloud's STS with a policy
+  narrowing it to the job: AWS, trainer.clouds.aws_credentials; Tencent Cloud, the same document shape holding a
+  CAM temporary key, trainer.clouds.tencent_credentials), cached and renewed before they expire. A token is
   ``<slurm id>.<43 random characters>``; one unknown, removed or not matching its grant gets 403.
 - Slurm's TaskProlog (ami/files/gpufleet-task-prolog.sh) gives each task AWS_CONTAINER_CREDENTIALS_FULL_URI and
-  AWS_CONTAINER_AUTHORIZATION_TOKEN, which every AWS SDK reads, and unsets static keys; the Epilog
+  AWS_CONTAINER_AUTHORIZATION_TOKEN, which every AWS SDK reads (and the trainer's Tencent provider, and boto3
+  against COS's S3 API), and unsets static keys; the Epilog
   (``epilog``) removes the grant, so the token is dead once the job leaves the node.
 """
 from __future__ import annotations
@@ -228,12 +230,17 @@ def job_of(slurm_id: str, bridge_user: str | None, records_of: Callable[[str], R
         sleep(0.5)
 
 
+JOB_CLOUDS = {"aws": "s3://", "tencent": "cos://"}  # where jobs get keys of their own: the bucket's URI scheme
+
+
 def settings_of(args) -> dict:
-    """node.json's (the node's cloud, region, and ``aws.bucket``, ``aws.job_role_arn``), with the flags over it."""
+    """node.json's, with the flags over it: the node's cloud (``aws`` where node.json names none), its region, and
+    under the cloud's key the stack's ``bucket`` and the ``job_role_arn`` (infra.aws.stack, infra.tencent.derive)."""
     node = node_schema.load(node_schema.PATH) if Path(node_schema.PATH).exists() else {}
-    aws = dict(node.get("aws") or {})
-    aws.update({k: v for k, v in (("bucket", args.bucket), ("job_role_arn", args.role_arn)) if v})
-    return {**node, "region": args.region or node.get("region"), "aws": aws}
+    cloud = node.get("cloud") or "aws"
+    own = dict(node.get(cloud) or {})
+    own.update({k: v for k, v in (("bucket", args.bucket), ("job_role_arn", args.role_arn)) if v})
+    return {**node, "region": args.region or node.get("region"), cloud: own}
 
 
 def parser() -> ArgumentParser:
@@ -242,8 +249,8 @@ def parser() -> ArgumentParser:
     p.add_argument("action", choices=("serve", "prolog", "epilog"))
     p.add_argument("--dir", default=DIR, help="grants and tokens (default %(default)s)")
     p.add_argument("--port", type=int, default=PORT, help="the endpoint's loopback port (default %(default)s)")
-    p.add_argument("--bucket", help="the stack's bucket (default node.json's aws.bucket)")
-    p.add_argument("--role-arn", help="the job role (default node.json's aws.job_role_arn)")
+    p.add_argument("--bucket", help="the stack's bucket's name (default node.json's <cloud>.bucket)")
+    p.add_argument("--role-arn", help="the job role (default node.json's <cloud>.job_role_arn)")
     p.add_argument("--region", help="default node.json's region")
     p.add_argument("--bridge-user", help="the bridge submits every job as this user (a box whose user cannot make "
                    "others); default: each team's jobs as the team's own user (gpufleet-<team>)")
@@ -256,7 +263,12 @@ def main(argv: list[str]) -> int:
     if args.action == "epilog":
         remove_grant(Path(args.dir), os.environ.get("SLURM_JOB_ID", ""))
         return 0
-    if not settings["aws"].get("bucket") or not settings.get("region"):
+    cloud = settings.get("cloud") or "aws"
+    own = settings[cloud]
+    if cloud not in JOB_CLOUDS:
+        raise UsageError(f"credentials: jobs get credentials of their own on {' and '.join(JOB_CLOUDS)} nodes; "
+                         f"node.json names {cloud}")
+    if not own.get("bucket") or not settings.get("region"):
         raise UsageError("credentials: no bucket or region: give --bucket and --region, or run on a node whose "
                          "node.json has them")
     if args.action == "prolog":
@@ -266,19 +278,21 @@ def main(argv: list[str]) -> int:
             raise UsageError("credentials prolog: SLURM_JOB_ID and SLURM_JOB_UID must be set (Slurm's Prolog)")
         uid = int(env["SLURM_JOB_UID"])
         gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else uid
-        team, job_id = job_of(slurm_id, args.bridge_user, partial(RecordStore.of_bucket, settings["aws"]["bucket"]))
+        bucket = own["bucket"] if "://" in own["bucket"] else JOB_CLOUDS[cloud] + own["bucket"]
+        records = partial(RecordStore.of_bucket, bucket)
+        team, job_id = job_of(slurm_id, args.bridge_user, records)
         write_grant(Path(args.dir), slurm_id, team, job_id, uid, gid)
         log.info("Slurm job %s is job %s of team %s: granted", slurm_id, job_id, team)
         return 0
-    if not settings["aws"].get("job_role_arn"):
-        raise UsageError("credentials serve: no job role: give --role-arn, or run on a node whose node.json has "
-                         "aws.job_role_arn")
-    cloud = adapter("aws")
+    if not own.get("job_role_arn"):
+        raise UsageError(f"credentials serve: no job role: give --role-arn, or run on a node whose node.json has "
+                         f"{cloud}.job_role_arn")
+    provider = adapter(cloud)
     _private_dir(Path(args.dir), 0o755)
-    facts = cloud.instance_facts() if settings.get("cloud") == "aws" else {}  # only where node.json names AWS
-    if facts:  # what the metadata service no longer tells a job (its metrics' InstanceId)
+    facts = provider.instance_facts() if settings.get("cloud") else {}  # only where node.json names the cloud
+    if facts:  # what the metadata service no longer tells a job (its metrics' InstanceId, its instance type)
         _write_new(Path(INSTANCE), json.dumps(facts).encode(), 0o644)
-    server = serve(Broker(Path(args.dir), cloud.job_issuer(settings)), port=args.port)
+    server = serve(Broker(Path(args.dir), provider.job_issuer(settings)), port=args.port)
     log.info("job credentials on http://%s:%d%s", HOST, server.server_address[1], PATH)
     server.serve_forever()
     return 0

@@ -17,7 +17,8 @@ Two optional parts serve a Slurm node (checked here for node.json and for the co
 (trainer.slurm.users); none given, the one team ``default``.
 
 An AWS node also has ``aws``: ``{"job_role_arn", "bucket"}``: the role its credentials daemon assumes for each job
-(narrowed to the job's prefix of the bucket), and that bucket's name; neither is a secret.
+(narrowed to the job's prefix of the bucket), and that bucket's name; neither is a secret. A Tencent node has the
+same two keys in its ``tencent`` object (the job role as ``qcs::cam::uin/<uin>:roleName/<name>``).
 
 controller.json (``check_controller``, ``load_controller``) is the controller's: the bridge's settings, the
 Slurm state directory, its own ``slurm`` object and ``mounts``, and the cloud's own keys as node.json has them.
@@ -46,6 +47,7 @@ MOUNT_TYPES = ("efs", "aznfs", "nfs4", "nfs")
 AWS_KEYS = ("job_role_arn", "bucket")
 # An IAM role's ARN in any partition (aws, aws-cn, aws-us-gov), a path allowed.
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+\Z")
+_CAM_ROLE = re.compile(r"qcs::cam::uin/\d+:roleName/[\w+=,.@-]+\Z")  # a Tencent CAM role, as STS AssumeRole takes it
 TLS_MOUNTS = {"efs": "EFS (amazon-efs-utils)", "aznfs": "Azure Files NFS (the AZNFS mount helper)"}
 # controller.json: what the controller's setup and the bridge read (plus slurm, mounts and the cloud's own keys).
 CONTROLLER_REQUIRED = ("cloud", "stack", "region", "bucket", "queue_url", "slurm", "partition", "gpus",
@@ -209,6 +211,10 @@ def check(node, complete: bool = False) -> dict:
         vault = (own or {}).get("key_vault") if cloud == "azure" else None
         if vault is not None and not (isinstance(vault, str) and vault):
             raise ValueError(f"node.azure.key_vault: expected a Key Vault name or null, got {_kind(vault)}")
+        role = (own or {}).get("job_role_arn") if cloud == "tencent" else None
+        if role is not None and not (isinstance(role, str) and _CAM_ROLE.match(role)):
+            raise ValueError(f"node.tencent.job_role_arn: {role!r} is not allowed; expected a CAM role, "
+                             "qcs::cam::uin/<uin>:roleName/<name>")
         if complete and node["cloud"] == cloud:
             absent = [k for k in required if not (own or {}).get(k)]
             if absent:

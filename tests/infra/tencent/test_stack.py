@@ -203,18 +203,47 @@ def _least_privilege(statements: list[dict]) -> None:
         assert all(not a.endswith(":*") and a != "*" for a in s["action"])
 
 
-def test_both_roles_are_for_cvm_only(tencent_run):
+def test_the_machines_roles_are_for_cvm_only_and_the_jobs_role_for_the_nodes_through_their_policy(tencent_run):
     trust = {"version": "2.0", "statement": [
         {"action": ["name/sts:AssumeRole"], "effect": "allow", "principal": {"service": ["cvm.qcloud.com"]}}]}
     nodes, ctl = tencent_run.one(ROLE, "identity-nodes"), tencent_run.one(ROLE, "identity-controller")
     assert doc(nodes) == doc(ctl) == trust
+    jobs = tencent_run.one(ROLE, "identity-jobs")
+    assert jobs.inputs["name"] == "gpufleet-tencent-jobs" and jobs.inputs["consoleLogin"] is False
+    assert doc(jobs) == {"version": "2.0", "statement": [{"action": ["name/sts:AssumeRole"], "effect": "allow",
+                                                          "principal": {"qcs": [f"qcs::cam::uin/{TENCENT_UIN}:root"]}}]}
+    assumers = [p.inputs["name"] for p in tencent_run.of_type(POLICY)
+                if "name/sts:AssumeRole" in json.dumps(doc(p)["statement"])]
+    assert assumers == ["gpufleet-tencent-nodes"]  # only the nodes' policy may assume it (not the controller's)
     assert (nodes.inputs["name"], ctl.inputs["name"]) == ("gpufleet-tencent-nodes", "gpufleet-tencent-controller")
     assert nodes.inputs["consoleLogin"] is False and ctl.inputs["consoleLogin"] is False
     assert tencent_run.one(TEMPLATE).inputs["camRoleName"] == "gpufleet-tencent-nodes"
     assert tencent_run.one(INSTANCE).inputs["camRoleName"] == "gpufleet-tencent-controller"
     attachments = {a.inputs["roleId"]: a.inputs["policyId"] for a in tencent_run.of_type(ATTACH)}
     assert attachments == {nodes.id: tencent_run.one(POLICY, "identity-nodes-policy").id,
-                           ctl.id: tencent_run.one(POLICY, "gpufleet-tencent-controller-policy").id}
+                           ctl.id: tencent_run.one(POLICY, "gpufleet-tencent-controller-policy").id,
+                           jobs.id: tencent_run.one(POLICY, "identity-jobs-policy").id}
+
+
+def test_the_job_role_reaches_only_the_teams_prefixes_and_the_stack_key(tencent_run):
+    """The ceiling of a job's key: each job's policy (trainer.clouds.tencent_credentials) narrows it to one job."""
+    policy = tencent_run.one(POLICY, "identity-jobs-policy")
+    bucket = f"qcs::cos:ap-shanghai:uid/{TENCENT_APP_ID}:{tencent_run.outputs['bucket']}"
+    statements = doc(policy)["statement"]
+    assert by_resource(statements) == {
+        f"{bucket}/teams/*/jobs/*": list(derive.COS_OBJECT_ACTIONS),
+        f"{bucket}/teams/*/code/*": ["name/cos:GetObject", "name/cos:HeadObject"],
+        f"{bucket}/teams/*/data/*": ["name/cos:GetObject", "name/cos:HeadObject"],
+        f"{bucket}/": ["name/cos:HeadBucket"],  # and GetBucket, under the condition below
+        _qcs("kms", f"key/creatorUin/{TENCENT_UIN}/{tencent_run.one(KEY).id}"):
+            ["name/kms:Encrypt", "name/kms:Decrypt", "name/kms:GenerateDataKey"],
+    }
+    (listing,) = [s for s in statements if s["action"] == ["name/cos:GetBucket"]]
+    assert listing["resource"] == [f"{bucket}/"]
+    assert listing["condition"] == {"string_like": {"cos:prefix": ["teams/*/jobs/*", "teams/*/code/*",
+                                                                   "teams/*/data/*"]}}
+    assert "jobs-index" not in json.dumps(statements)
+    _least_privilege(statements)
 
 
 def test_node_role_reads_the_munge_key_and_its_own_name_and_no_queue(tencent_run):
@@ -232,6 +261,7 @@ def test_node_role_reads_the_munge_key_and_its_own_name_and_no_queue(tencent_run
         _qcs("cls", f"topic/{topic}"): ["name/cls:pushLog"],
         _qcs("ssm", f"secret/creatorUin/{TENCENT_UIN}/gpufleet-tencent-munge"): ["name/ssm:GetSecretValue"],
         _qcs("cvm", "instance/*"): ["name/cvm:DescribeInstances"],
+        f"qcs::cam::uin/{TENCENT_UIN}:roleName/gpufleet-tencent-jobs": ["name/sts:AssumeRole"],
     }
     assert not [a for s in statements for a in s["action"] if a.startswith(("name/tdmq:", "name/as:"))]
     _least_privilege(statements)
@@ -362,6 +392,9 @@ def test_a_partitions_launch_template_boots_a_slurm_node(tencent_run):
     assert len(t["userData"]) <= TENCENT_USER_DATA_LIMIT
     assert (node["cloud"], node["bucket"]) == ("tencent", f"cos://{o['bucket']}")
     assert node["tencent"]["role_name"] == "gpufleet-tencent-nodes" and node["log_group"] == o["logTopic"]
+    # what its credentials daemon narrows each job's key to (trainer.node.jobcreds)
+    assert node["tencent"]["job_role_arn"] == f"qcs::cam::uin/{TENCENT_UIN}:roleName/gpufleet-tencent-jobs"
+    assert node["tencent"]["bucket"] == o["bucket"] and o["jobRole"] == "gpufleet-tencent-jobs"
     assert set(node["instance_types"]) == {"GN10Xp.20XLARGE320"}
     assert node["slurm"] == {"controller_addr": derive.CONTROLLER_IP, "controller_port": 6817,
                              "munge": "gpufleet-tencent-munge"}
