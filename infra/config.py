@@ -53,8 +53,8 @@ KEY_DOCS = {
         "`fairShare` a whole number >= 1, default 1; `gpuLimit` the GPUs a team's running jobs may hold "
         "together, default none): each team is a Slurm account in the controller's accounting (slurmdbd over "
         'MariaDB) whose fair share and GPU limit Slurm enforces; default one team, `default`. On AWS each team '
-        "gets its own job queue and submit role, and its jobs run under its account; on Azure and Tencent the "
-        "queue's jobs run under the first team's (see "
+        "gets its own job queue and submit role (on Tencent a queue and submit CAM group), and its jobs run under "
+        "its account; on Azure the queue's jobs run under the first team's (see "
         '[Teams](slurm.md#slurm-the-scheduler-trainerslurm-and-a-real-one-in-a-box-gpufleet-box))'),
     'controller': (
         "optional `{instanceType}`: the Slurm controller's size (default m6i.large, Standard_D2s_v5, "

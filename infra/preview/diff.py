@@ -174,6 +174,7 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "tencentcloud:Cam/policy:Policy": ("name",),
     "tencentcloud:Cam/group:Group": ("name",),
     "tencentcloud:Cam/rolePolicyAttachment:RolePolicyAttachment": ("roleId", "policyId"),
+    "tencentcloud:Cam/groupPolicyAttachment:GroupPolicyAttachment": ("groupId", "policyId"),
     # the controller: its user-data is replace-on-change (its state is on the shared file system)
     "tencentcloud:Instance/instance:Instance": ("availabilityZone", "allocatePublicIp", "dataDisks", "imageId",
                                                 "launchTemplateId", "privateIp", "spotMaxPrice", "subnetId",

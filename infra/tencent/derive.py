@@ -25,6 +25,7 @@ from infra import catalog, metrics, slurm
 from infra.config import Partition, StackConfig
 from infra.userdata import controller_json, node_json
 from infra.regions import TENCENT_REGIONS
+from trainer.jobs.layout import team_prefix
 
 VPC_CIDR = "10.72.0.0/16"
 QUEUE_ZONES = 3                 # node subnets (zones) when some partition is not a gang; a gang-only stack uses one
@@ -98,6 +99,21 @@ def _fit(name: str, limit: int) -> str:
 def _cmq_name(name: str, limit: int = 64) -> str:
     """CMQ queue names: up to 64 letters, digits and '-', starting with a letter; not ending -dlq/-retry."""
     return _fit(re.sub(r"[^A-Za-z0-9-]", "-", name), limit)
+
+
+def team_queues(names: Names, teams: list[str]) -> dict[str, tuple[str, str]]:
+    """Each team's CMQ queue and dead-letter queue, ``{team: (queue, dlq)}``: the first team's keep the stack's
+    names (as before teams had queues), another's are ``<prefix>-jobs-<team>`` and its ``-dead``."""
+    out = {}
+    for i, team in enumerate(teams):
+        queue = names.queue if i == 0 else _cmq_name(f"{names.prefix}-jobs-{team}", 64 - len(DEAD_SUFFIX))
+        out[team] = (queue, queue + DEAD_SUFFIX)
+    return out
+
+
+def submit_group(names: Names, team: str) -> str:
+    """The CAM group whose members submit, follow and cancel a team's jobs (``gpufleet jobs``)."""
+    return f"{names.prefix}-submit-{team}"
 
 
 def _ssm_name(name: str) -> str:
@@ -300,14 +316,15 @@ def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str,
     )
 
 
-def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket: str, key_id: str, queue: str,
-                      dlq: str, munge_secret: str, node_role: str, vpc_id: str, subnet_ids: list[str],
+def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket: str, key_id: str,
+                      queues: list[str], dlqs: list[str], munge_secret: str, node_role: str, vpc_id: str,
+                      subnet_ids: list[str],
                       security_group_id: str, image_id: str) -> dict:
     """What the controller (slurmctld's power saving, the bridge, its setup) may do: launch nodes into the stack's
     node subnets with its node security group and image, only when the request tags them with the stack, passing
     the node role and no other; terminate only instances that carry the stack's tag; read instances (their
-    addresses and tags); make and read the munge key; consume the job queue and dead-letter; keep the records in
-    the bucket under the stack key."""
+    addresses and tags); make and read the munge key; consume the teams' job queues and dead-letter; keep the
+    records in the bucket under the stack key."""
     launch = [cvm_instances(region, uin), vpc_resource(region, uin, vpc_id),
               *(subnet_resource(region, uin, s) for s in subnet_ids),
               security_group_resource(region, uin, security_group_id), cvm_image(region, uin, image_id)]
@@ -319,10 +336,34 @@ def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket:
         _allow(["name/ssm:GetSecretValue", "name/ssm:PutSecretValue"],
                [ssm_secret_resource(region, uin, munge_secret)]),
         _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
-        _allow(QUEUE_ACTIONS, [cmq_queue_resource(region, uin, queue)]),
+        _allow(QUEUE_ACTIONS, [cmq_queue_resource(region, uin, q) for q in queues]),
         # The bridge dead-letters a job that keeps failing (CMQ counts only receives of one message copy).
-        _allow(["name/tdmq:SendMessage"], [cmq_queue_resource(region, uin, dlq)]),
+        _allow(["name/tdmq:SendMessage"], [cmq_queue_resource(region, uin, q) for q in dlqs]),
         _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
+    )
+
+
+SUBMIT_WRITES = ("jobs/", "code/")                 # under the team's prefix: records, log marks, code bundles
+SUBMIT_READS = ("jobs/", "jobs-index/", "code/")
+SUBMIT_UPLOADS = ("name/cos:PutObject", "name/cos:InitiateMultipartUpload", "name/cos:UploadPart",
+                  "name/cos:CompleteMultipartUpload", "name/cos:AbortMultipartUpload", "name/cos:ListParts")
+
+
+def submit_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, queue: str, dlq: str,
+                  team: str) -> dict:
+    """A team's submit group (`gpufleet jobs`): send to the team's queue only, take its own dead letters back
+    (`jobs retry`), keep records and bundles under its team's prefix and list only there. No other team's queue or
+    objects, no node, no instance, no role to pass. CMQ queues have no resource policy (unlike SQS): another
+    identity of the account granted tdmq:SendMessage on every queue could send to a team's too."""
+    base = f"qcs::cos:{region}:uid/{app_id}:{bucket}"
+    own = f"{base}/{team_prefix(team)}"
+    return _doc(
+        _allow(["name/tdmq:SendMessage"], [cmq_queue_resource(region, uin, queue)]),
+        _allow(QUEUE_ACTIONS, [cmq_queue_resource(region, uin, dlq)]),
+        _allow(["name/cos:GetBucket"], [f"{base}/"], {"string_like": {"cos:prefix": [f"{team_prefix(team)}*"]}}),
+        _allow(["name/cos:GetObject", "name/cos:HeadObject"], [f"{own}{p}*" for p in SUBMIT_READS]),
+        _allow(SUBMIT_UPLOADS, [f"{own}{p}*" for p in SUBMIT_WRITES]),
+        _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
     )
 
 
@@ -471,12 +512,14 @@ def node_settings(cfg: StackConfig, part: Partition, names: Names, *, bucket: st
 
 def controller_settings(cfg: StackConfig, names: Names, *, bucket: str, app_id: str, log_topic: str,
                         munge_secret: str, home_ip: str, state_ip: str) -> dict:
-    """The controller's /etc/gpufleet/controller.json: the bridge's queue and bucket, the default partition, the
-    state directory (the state file system's mount), its own CAM role."""
-    return controller_json(cfg, bucket=f"cos://{bucket}", queue_url=queue_url(cfg.region, names.queue),
+    """The controller's /etc/gpufleet/controller.json: the bridge's queues (each team's) and bucket, the default
+    partition, the state directory (the state file system's mount), its own CAM role."""
+    teams = team_queues(names, [t.name for t in cfg.teams])
+    queues = {team: queue_url(cfg.region, q) for team, (q, _) in teams.items()}
+    return controller_json(cfg, bucket=f"cos://{bucket}", queue_url=queues[cfg.teams[0].name],
                            log_group=log_topic, slurm_=slurm_settings(munge_secret),
                            mounts=controller_mounts(home_ip, state_ip),
-                           own=tencent_settings(cfg.region, app_id, names.controller_role))
+                           own=tencent_settings(cfg.region, app_id, names.controller_role), team_queues=queues)
 
 
 def nodes_config(cfg: StackConfig, names: Names, *, templates: dict[str, str], vpc_id: str,

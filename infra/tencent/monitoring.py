@@ -36,8 +36,7 @@ class MonitoringArgs:
     stack: str
     classification: str
     budget_monthly_cny: float
-    dlq_id: pulumi.Input[str]
-    dlq_name: pulumi.Input[str]
+    dlqs: list[tuple[pulumi.Input[str], pulumi.Input[str]]]   # each team's dead-letter queue: (id, name)
     tags: dict
 
 
@@ -73,8 +72,9 @@ class Monitoring(pulumi.ComponentResource):
             remark=_REMARKS["dead-letters"], opts=child)
         monitor.PolicyBindingObject(
             f"{p}-dead-letters-queue", policy_id=self.alarms["dead-letters"].id,
-            dimensions=[{"dimensions_json": pulumi.Output.all(args.dlq_id, args.dlq_name).apply(
-                lambda v: json.dumps({"queueId": v[0], "queueName": v[1]}, sort_keys=True))}],
+            dimensions=[{"dimensions_json": pulumi.Output.all(dlq_id, dlq_name).apply(
+                lambda v: json.dumps({"queueId": v[0], "queueName": v[1]}, sort_keys=True))}
+                for dlq_id, dlq_name in args.dlqs],
             opts=child)
         first, last = derive.BUDGET_PERIOD
         self.budget = billing.Budget(

@@ -73,10 +73,19 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         node_subnets=derive.node_subnet_count(cfg), tags=tags))
     storage = Storage("storage", StorageArgs(prefix=names.prefix, stack=cfg.stack, region=cfg.region, app_id=app_id,
                                              access_logging=cfg.data_classification == "personal", tags=tags))
-    queue = JobQueue("queue", JobQueueArgs(queue=names.queue, dlq=names.dlq, region=cfg.region))
+    # each team its queue and submit group; the first team's keeps the names the stack had before teams had queues
+    queues = derive.team_queues(names, [t.name for t in cfg.teams])
+    inlets = {team: JobQueue("queue" if i == 0 else f"queue-{team}", JobQueueArgs(
+        queue=q, dlq=dlq, region=cfg.region, team=team, group=derive.submit_group(names, team),
+        policy=pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id).apply(
+            lambda v, q=q, dlq=dlq, team=team: derive.submit_policy(
+                region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3], queue=q, dlq=dlq, team=team))))
+        for i, (team, (q, dlq)) in enumerate(queues.items())}
+    queue = inlets[cfg.teams[0].name]
     monitoring = Monitoring("monitoring", MonitoringArgs(
         names=names, stack=cfg.stack, classification=cfg.data_classification,
-        budget_monthly_cny=cfg.budget_monthly, dlq_id=queue.dlq.id, dlq_name=queue.dlq.queue_name, tags=tags))
+        budget_monthly_cny=cfg.budget_monthly, dlqs=[(q.dlq.id, q.dlq.queue_name) for q in inlets.values()],
+        tags=tags))
     identity = Identity("identity", names, storage.key_id, tags)
     identity.grant(names.role, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id,
                                                  monitoring.topic_id, identity.munge_secret.secret_name).apply(
@@ -116,8 +125,9 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
                                identity.role_name, network.vpc_id, network.subnet_ids, network.security_group_id,
                                image).apply(
         lambda v: derive.controller_policy(
-            region=cfg.region, app_id=v[0], uin=v[1], stack=cfg.stack, bucket=v[2], key_id=v[3], queue=names.queue,
-            dlq=names.dlq, munge_secret=v[4], node_role=v[5], vpc_id=v[6], subnet_ids=list(v[7]),
+            region=cfg.region, app_id=v[0], uin=v[1], stack=cfg.stack, bucket=v[2], key_id=v[3],
+            queues=[q for q, _ in queues.values()], dlqs=[d for _, d in queues.values()], munge_secret=v[4],
+            node_role=v[5], vpc_id=v[6], subnet_ids=list(v[7]),
             security_group_id=v[8], image_id=v[9]))
     controller = Controller("controller", ControllerArgs(
         prefix=names.prefix, policy_name=names.controller_role, instance_type=cfg.controller.instance_type,
@@ -137,6 +147,9 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "kmsKey": storage.key_id,
         "queueUrl": queue.url,
         "dlqUrl": queue.dlq_url,
+        "teamQueues": {t: q.url for t, q in inlets.items()},
+        "teamDeadLetterQueues": {t: q.dlq_url for t, q in inlets.items()},
+        "teamSubmitGroups": {t: q.group.name for t, q in inlets.items()},
         "controller": controller.instance.id,
         "controllerAddress": controller.instance.private_ip,
         "partitions": [p.name for p in cfg.partitions],

@@ -86,7 +86,7 @@ def target_of_outputs(stack: str, outputs: dict, team: str | None = None) -> Tar
         raise UsageError(f"--stack {stack}: the stack has no outputs (bucket, queueUrl); deploy it first "
                          f"(`pulumi up --stack {stack}`), or give --queue-url and --bucket")
     dlq = outputs.get("dlqUrl") or outputs.get("poisonQueueUrl")
-    if not outputs.get("teamQueues"):  # one queue for all (Azure, Tencent): its jobs are the first team's
+    if not outputs.get("teamQueues"):  # one queue for all (Azure): its jobs are the first team's
         first = (outputs.get("teams") or [None])[0]
         if team is not None and team != first:
             raise UsageError(f"--team: stack {stack} has one queue, for team {first or 'default'}; team {team!r} has "

@@ -28,6 +28,7 @@ QUEUE, LOGSET, TOPIC = T + "Tcmq/queue:Queue", T + "Cls/logset:Logset", T + "Cls
 NOTICE, ALARM, BINDING = (T + "Monitor/alarmNotice:AlarmNotice", T + "Monitor/alarmPolicy:AlarmPolicy",
                           T + "Monitor/policyBindingObject:PolicyBindingObject")
 BUDGET, CAM_GROUP = T + "Billing/budget:Budget", T + "Cam/group:Group"
+GROUP_ATTACH = T + "Cam/groupPolicyAttachment:GroupPolicyAttachment"
 INSTANCE, TEMPLATE = T + "Instance/instance:Instance", T + "Cvm/launchTemplate:LaunchTemplate"
 FS, FS_GROUP = T + "Cfs/fileSystem:FileSystem", T + "Cfs/accessGroup:AccessGroup"
 FS_RULE = T + "Cfs/accessRule:AccessRule"
@@ -193,6 +194,59 @@ def test_job_queue_hides_a_job_for_its_window_and_dead_letters_after_three_recei
         "gpufleet-tencent-jobs-dead", 0, 3)
     assert dead["msgRetentionSeconds"] == 43200 and "deadLetterQueueName" not in dead
     assert tencent_run.outputs["dlqUrl"] == "http://sh.mqadapter.cmq.tencentyun.com/gpufleet-tencent-jobs-dead"
+
+
+def test_each_team_has_its_queue_and_a_submit_group_that_reaches_only_its_own():
+    """Issue 23 on Tencent: the queue a message came through is the team that sent it; a team's group sends to its
+    queue only, takes its dead letters back, and keeps records and bundles under its own prefix."""
+    run = run_stack(tencent_config(teams=[{"name": "vision"}, {"name": "nlp"}]))
+    o = run.outputs
+    queues = {q.inputs["queueName"]: q.inputs for q in run.of_type(QUEUE)}
+    assert set(queues) == {"gpufleet-tencent-jobs", "gpufleet-tencent-jobs-dead", "gpufleet-tencent-jobs-nlp",
+                           "gpufleet-tencent-jobs-nlp-dead"}
+    assert queues["gpufleet-tencent-jobs-nlp"]["deadLetterQueueName"] == "gpufleet-tencent-jobs-nlp-dead"
+    url = "http://sh.mqadapter.cmq.tencentyun.com/"
+    assert o["teamQueues"] == {"vision": url + "gpufleet-tencent-jobs", "nlp": url + "gpufleet-tencent-jobs-nlp"}
+    assert o["teamDeadLetterQueues"] == {"vision": url + "gpufleet-tencent-jobs-dead",
+                                         "nlp": url + "gpufleet-tencent-jobs-nlp-dead"}
+    assert o["teamSubmitGroups"] == {"vision": "gpufleet-tencent-submit-vision", "nlp": "gpufleet-tencent-submit-nlp"}
+    assert o["queueUrl"] == o["teamQueues"]["vision"]  # the first team's keeps the stack's names
+    groups = {g.inputs["name"]: g for g in run.of_type(CAM_GROUP)}
+    attached = {a.inputs["groupId"]: a.inputs["policyId"] for a in run.of_type(GROUP_ATTACH)}
+    bucket = f"qcs::cos:ap-shanghai:uid/{TENCENT_APP_ID}:{o['bucket']}"
+    key = _qcs("kms", f"key/creatorUin/{TENCENT_UIN}/{run.one(KEY).id}")
+    for team, queue in (("vision", "gpufleet-tencent-jobs"), ("nlp", "gpufleet-tencent-jobs-nlp")):
+        policy = run.one(POLICY, ("queue" if team == "vision" else f"queue-{team}") + "-submit-policy")
+        assert attached[groups[f"gpufleet-tencent-submit-{team}"].id] == policy.id
+        statements = doc(policy)["statement"]
+        own = f"{bucket}/teams/{team}/"
+        assert by_resource(statements) == {
+            _qcs("tdmq", f"queue/{queue}"): ["name/tdmq:SendMessage"],
+            _qcs("tdmq", f"queue/{queue}-dead"): list(derive.QUEUE_ACTIONS),
+            f"{bucket}/": ["name/cos:GetBucket"],
+            f"{own}jobs/*": list(derive.SUBMIT_UPLOADS),  # and read, in the statement before
+            f"{own}jobs-index/*": ["name/cos:GetObject", "name/cos:HeadObject"],
+            f"{own}code/*": list(derive.SUBMIT_UPLOADS),
+            key: ["name/kms:Encrypt", "name/kms:Decrypt", "name/kms:GenerateDataKey"],
+        }
+        reads = [s for s in statements if s["action"] == ["name/cos:GetObject", "name/cos:HeadObject"]]
+        assert reads[0]["resource"] == [f"{own}jobs/*", f"{own}jobs-index/*", f"{own}code/*"]
+        (listing,) = [s for s in statements if s["action"] == ["name/cos:GetBucket"]]
+        assert listing["condition"] == {"string_like": {"cos:prefix": [f"teams/{team}/*"]}}
+        other = "nlp" if team == "vision" else "vision"
+        assert f"teams/{other}/" not in json.dumps(statements) and f"submit-{other}" not in json.dumps(statements)
+        _least_privilege(statements)
+    ctl = controller_file(run, "/etc/gpufleet/controller.json")
+    assert {t["name"]: t["queue_url"] for t in ctl["teams"]} == o["teamQueues"]
+    controller = doc(run.one(POLICY, "gpufleet-tencent-controller-policy"))["statement"]
+    assert by_resource([s for s in controller if s["action"][0].startswith("name/tdmq:")]) == {
+        _qcs("tdmq", "queue/gpufleet-tencent-jobs"): list(derive.QUEUE_ACTIONS),
+        _qcs("tdmq", "queue/gpufleet-tencent-jobs-nlp"): list(derive.QUEUE_ACTIONS),
+        _qcs("tdmq", "queue/gpufleet-tencent-jobs-dead"): ["name/tdmq:SendMessage"],
+        _qcs("tdmq", "queue/gpufleet-tencent-jobs-nlp-dead"): ["name/tdmq:SendMessage"]}
+    (binding,) = [b for b in run.of_type(BINDING) if "queueName" in b.inputs["dimensions"][0]["dimensionsJson"]]
+    assert [json.loads(d["dimensionsJson"])["queueName"] for d in binding.inputs["dimensions"]] == [
+        "gpufleet-tencent-jobs-dead", "gpufleet-tencent-jobs-nlp-dead"]
 
 
 # --- identities and their policies ---------------------------------------------------------------------------
@@ -519,7 +573,7 @@ def test_the_disks_and_file_systems_are_the_cost_models(tencent_run):
 
 def test_alarms_reach_the_alert_group_and_the_budget_is_in_cny(tencent_run):
     cfg = tencent_config()
-    group = tencent_run.one(CAM_GROUP)
+    group = tencent_run.one(CAM_GROUP, "gpufleet-tencent-alerts")
     notice = tencent_run.one(NOTICE)
     (user,) = notice.inputs["userNotices"]
     assert user["receiverType"] == "GROUP" and user["groupIds"] == [int(group.id)]
