@@ -49,12 +49,13 @@ KEY_DOCS = {
         "`<name>-1..<name>-<max>`; the first partition is Slurm's default); excludes `mode`, `instanceTypes`,"
         ' `nodes`, `spot` and `onDemandBase`'),
     'teams': (
-        'optional list of `{name, fairShare, gpuLimit}` (name: 1-15 lowercase letters and digits, each once; '
-        "`fairShare` a whole number >= 1, default 1; `gpuLimit` the GPUs a team's running jobs may hold "
-        "together, default none): each team is a Slurm account in the controller's accounting (slurmdbd over "
+        'optional list of `{name, fairShare, gpuLimit, azureGroup}` (name: 1-15 lowercase letters and digits, each '
+        "once; `fairShare` a whole number >= 1, default 1; `gpuLimit` the GPUs a team's running jobs may hold "
+        "together, default none; `azureGroup`, Azure only, the object id of the Entra group whose members submit "
+        "the team's jobs): each team is a Slurm account in the controller's accounting (slurmdbd over "
         'MariaDB) whose fair share and GPU limit Slurm enforces; default one team, `default`. On AWS each team '
-        "gets its own job queue and submit role (on Tencent a queue and submit CAM group), and its jobs run under "
-        "its account; on Azure the queue's jobs run under the first team's (see "
+        "gets its own job queue and submit role (on Tencent a submit CAM group; on Azure the rights of its "
+        "`azureGroup`), and its jobs run under its account (see "
         '[Teams](slurm.md#slurm-the-scheduler-trainerslurm-and-a-real-one-in-a-box-gpufleet-box))'),
     'controller': (
         "optional `{instanceType}`: the Slurm controller's size (default m6i.large, Standard_D2s_v5, "
@@ -174,12 +175,17 @@ class Partition(_Frozen):
         return self.gang and self.nodes.max > 1
 
 
+GUID = r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$"  # an Entra object id (pydantic's regex: $ is the end)
+
+
 class Team(_Frozen):
     """One team: a Slurm account with its fair share (how much of the cluster it gets against the others when
-    they all wait) and its GPU limit (the GPUs its running jobs may hold together; none: no limit)."""
+    they all wait) and its GPU limit (the GPUs its running jobs may hold together; none: no limit); on Azure, the
+    Entra group whose members submit its jobs (none: the administrators grant the rights themselves)."""
     name: str = Field(min_length=1, max_length=15)
     fair_share: StrictInt = Field(default=1, ge=1, le=1000000, alias="fairShare")
     gpu_limit: Optional[StrictInt] = Field(default=None, ge=0, alias="gpuLimit")
+    azure_group: Optional[str] = Field(default=None, alias="azureGroup", pattern=GUID)
 
     def as_json(self) -> dict:
         """As controller.json and trainer.slurm.accounts.teams_of take it."""
@@ -523,6 +529,10 @@ class StackConfig(_Frozen):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ConfigError("gpufleet:teams", repeated, "each team name once")
+        for i, team in enumerate(self.teams):
+            if team.azure_group and self.cloud != "azure":
+                raise ConfigError(f"gpufleet:teams.{i}.azureGroup", team.azure_group,
+                                  f"only an Azure stack's teams have an Entra group; this stack is on {self.cloud}")
         try:
             users.check_ids(names)  # each team's jobs run as a Unix user whose uid hashes its name
         except UsageError as exc:

@@ -12,6 +12,7 @@ from typing import Optional
 from infra import slurm
 from infra.config import Partition, StackConfig
 from infra.userdata import controller_json, node_json
+from trainer.jobs.layout import team_prefix
 from infra.preview.cost import AZURE_OS_DISK_GB as NODE_OS_DISK_GB  # the preview prices what the stack makes
 
 # The RDMA/InfiniBand network of ND-series VMs uses 172.16.0.0/16: the VNet must not overlap it.
@@ -44,6 +45,15 @@ STORAGE_QUEUE_DATA_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
 # Managed Identity Operator: read and assign (*/assign/action) user-assigned identities; assigned on the node
 # identity alone, it lets the controller give new VMs that identity and no other.
 MANAGED_IDENTITY_OPERATOR = "f1a07417-d97a-45cb-824c-7a7467783830"
+# A team's submitters (its Entra group, gpufleet:teams[].azureGroup): send to its queue, take back its poison messages
+STORAGE_QUEUE_DATA_MESSAGE_SENDER = "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a"
+STORAGE_QUEUE_DATA_MESSAGE_PROCESSOR = "8a0f0c08-91a1-4084-bc3d-661d67233fed"
+# ... and keep its records and bundles: a custom role of blob data actions only (no container rights through
+# Resource Manager, which Storage Blob Data Contributor's actions hold), held to its prefix by a condition.
+BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+SUBMIT_BLOB_DATA_ACTIONS = (f"{BLOBS}/read", f"{BLOBS}/write", f"{BLOBS}/add/action")
+SUBMIT_READS = ("jobs/", "jobs-index/", "code/")     # under the team's prefix (as AWS's submit role)
+SUBMIT_WRITES = ("jobs/", "code/")
 READER = "acdd72a7-3385-48ef-bd42-f606fba81ae7"  # on a gallery image definition: the controller may use it
 
 # What the controller's node provider (trainer.clouds.azure_nodes) does in the nodes' resource group: create,
@@ -112,6 +122,34 @@ def files_account_name(stack: str, region: str) -> str:
 
 def blob_container_url(account: str, container: str = CONTAINER) -> str:
     return f"https://{account}.blob.core.windows.net/{container}"
+
+
+def team_queues(teams: list[str]) -> dict[str, tuple[str, str]]:
+    """Each team's storage queue and poison queue, ``{team: (queue, poison)}``: the first team's keep the stack's
+    names (as before teams had queues), another's are ``jobs-<team>`` and ``jobs-<team>-poison`` (the bridge moves
+    a message to ``<queue>-poison``: trainer.clouds.azure)."""
+    out = {}
+    for i, team in enumerate(teams):
+        queue = JOBS_QUEUE if i == 0 else f"{JOBS_QUEUE}-{team}"
+        out[team] = (queue, f"{queue}-poison")
+    return out
+
+
+def submit_blob_condition(team: str) -> str:
+    """The condition (version 2.0) on a team's submit group's blob role, as Azure's ABAC writes it: reads only under
+    ``teams/<team>/{jobs,jobs-index,code}/``, writes only under ``teams/<team>/{jobs,code}/``, listings only with a
+    prefix under ``teams/<team>/``."""
+    base = team_prefix(team)
+    path, prefix = f"@Resource[{BLOBS}:path]", f"@Request[{BLOBS}:prefix]"
+
+    def under(attribute: str, parts: tuple[str, ...]) -> str:
+        return " OR ".join(f"{attribute} StringStartsWith '{base}{p}'" for p in parts)
+
+    read, listing = f"ActionMatches{{'{BLOBS}/read'}}", "SubOperationMatches{'Blob.List'}"
+    writes = f"!(ActionMatches{{'{BLOBS}/write'}}) AND !(ActionMatches{{'{BLOBS}/add/action'}})"
+    return (f"((!({read} AND NOT {listing})) OR ({under(path, SUBMIT_READS)}))"
+            f" AND (({writes}) OR ({under(path, SUBMIT_WRITES)}))"
+            f" AND ((!({read} AND {listing})) OR ({prefix} StringStartsWith '{base}'))")
 
 
 def queue_url(account: str, queue: str = JOBS_QUEUE) -> str:
@@ -244,11 +282,13 @@ def nodes_config(cfg: StackConfig, partitions: dict[str, dict], controller_clien
             "partitions": {p.name: partitions[p.name] for p in cfg.partitions}}
 
 
-def controller_settings(cfg: StackConfig, *, container_url: str, queue_url: str, slurm_: dict, mounts: list,
+def controller_settings(cfg: StackConfig, *, container_url: str, account: str, slurm_: dict, mounts: list,
                         client_id: str, resource_group: str, subscription_id: str, key_vault: str) -> dict:
-    """The controller's /etc/gpufleet/controller.json: the bridge's queue and container, the default partition,
-    slurmctld's state directory, the mounts and the controller's own identity."""
-    return controller_json(cfg, bucket=container_url, queue_url=queue_url, log_group=log_group(cfg.stack),
+    """The controller's /etc/gpufleet/controller.json: the bridge's queues (each team's) and container, the default
+    partition, slurmctld's state directory, the mounts and the controller's own identity."""
+    queues = {team: queue_url(account, q) for team, (q, _) in team_queues([t.name for t in cfg.teams]).items()}
+    return controller_json(cfg, bucket=container_url, queue_url=queues[cfg.teams[0].name], team_queues=queues,
+                           log_group=log_group(cfg.stack),
                            slurm_=slurm_, mounts=mounts,
                            own={"client_id": client_id, "resource_group": resource_group,
                                 "subscription_id": subscription_id, "key_vault": key_vault},

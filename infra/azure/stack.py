@@ -14,7 +14,7 @@ from pulumi_azure_native import authorization
 from infra.azure import derive
 from infra.azure.controller import Controller, ControllerArgs, controller_user_data, encode
 from infra.azure.group import ResourceGroup
-from infra.azure.identity import Identity, IdentityArgs
+from infra.azure.identity import Identity, IdentityArgs, custom_role, custom_role_id
 from infra.azure.monitoring import Monitoring, MonitoringArgs
 from infra.azure.network import Network, NetworkArgs
 from infra.azure.partition import PartitionArgs, PartitionNodes
@@ -47,11 +47,26 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
     store = Storage("storage", StorageArgs(
         account_name=derive.storage_account_name(cfg.stack, location), resource_group=group.group_name,
         location=location, subnet_ids=(net.subnet_id, net.controller_subnet_id), tags=tags))
-    jobs = JobQueue("queue", JobQueueArgs(account_name=store.account.name, resource_group=group.group_name))
+    # each team its queue (the first team's keeps the stack's names) and, where the config names its Entra group,
+    # that group's submit rights; the blob part is a custom role of the stack's, made once if any team needs it
+    submitters = [t for t in cfg.teams if t.azure_group]
+    submit_role = [custom_role(
+        "submit-blobs", sub, cfg.stack, location, group.group_id, "submit-blobs",
+        "gpufleet: a team's submitters keep its records and bundles (held to its prefix by each assignment's "
+        "condition)", data_actions=derive.SUBMIT_BLOB_DATA_ACTIONS)] if submitters else []
+    queues = derive.team_queues([t.name for t in cfg.teams])
+    inlets = {team.name: JobQueue("queue" if i == 0 else f"queue-{team.name}", JobQueueArgs(
+        account_name=store.account.name, resource_group=group.group_name, team=team.name,
+        queue=queues[team.name][0], poison=queues[team.name][1], subscription_id=sub, container_id=store.container_id,
+        submit_role=custom_role_id(sub, cfg.stack, location, "submit-blobs"), group=team.azure_group,
+        after=tuple(submit_role)))
+        for i, team in enumerate(cfg.teams)}
+    jobs = inlets[cfg.teams[0].name]
     ident = Identity("identity", IdentityArgs(
         name=name, stack=cfg.stack, resource_group=group.group_name, resource_group_id=group.group_id,
         location=location, subscription_id=sub, container_id=store.container_id,
-        queue_ids=(jobs.queue_id, jobs.poison_queue_id), nodes_group_id=nodes_group.group_id,
+        queue_ids=tuple(i for q in inlets.values() for i in (q.queue_id, q.poison_queue_id)),
+        nodes_group_id=nodes_group.group_id,
         node_subnet_id=net.subnet_id, image_definition_id=derive.gallery_image_definition(cfg.image), tags=tags))
     images = Registry("registry", RegistryArgs(
         name=registry_name(cfg.stack, location), resource_group=group.group_name, location=location,
@@ -88,10 +103,10 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
                 identity_id=v[4], custom_data=v[5]))
     nodes = pulumi.Output.all(pulumi.Output.all(**nodes_parts), ident.controller_client_id).apply(
         lambda v: derive.nodes_config(cfg, v[0], v[1]))
-    settings = pulumi.Output.all(store.container_url, jobs.queue_url, slurm_, shared.controller_mounts,
+    settings = pulumi.Output.all(store.container_url, store.account.name, slurm_, shared.controller_mounts,
                                  ident.controller_client_id, group.group_name, sub, secrets.vault_name).apply(
         lambda v: derive.controller_settings(
-            cfg, container_url=v[0], queue_url=v[1], slurm_=v[2], mounts=v[3], client_id=v[4],
+            cfg, container_url=v[0], account=v[1], slurm_=v[2], mounts=v[3], client_id=v[4],
             resource_group=v[5], subscription_id=v[6], key_vault=v[7]))
     custom_data = pulumi.Output.all(net.controller_address, settings, nodes).apply(
         lambda v: encode(controller_user_data(cfg, *v)))
@@ -114,6 +129,8 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "containerUrl": store.container_url,
         "queueUrl": jobs.queue_url,
         "poisonQueueUrl": jobs.poison_url,
+        "teamQueues": {t: q.queue_url for t, q in inlets.items()},
+        "teamDeadLetterQueues": {t: q.poison_url for t, q in inlets.items()},
         "controller": controller.vm.name,
         "controllerId": controller.vm.id,
         "controllerAddress": net.controller_address,

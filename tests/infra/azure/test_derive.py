@@ -146,12 +146,12 @@ def test_nodes_config_and_controller_settings_are_what_user_data_accepts():
     nodes = derive.nodes_config(cfg, parts, "cid-controller")
     assert list(nodes["partitions"]) == ["small", "big"] and nodes["client_id"] == "cid-controller"
     settings = derive.controller_settings(
-        cfg, container_url="https://a.blob.core.windows.net/checkpoints",
-        queue_url="https://a.queue.core.windows.net/jobs",
+        cfg, container_url="https://a.blob.core.windows.net/checkpoints", account="a",
         slurm_=derive.slurm_settings(derive.CONTROLLER_IP, derive.munge_secret_url("kv")),
         mounts=derive.controller_mounts("acct"), client_id="cid-controller", resource_group="rg", subscription_id="sub",
         key_vault="kv")
     assert node_schema.check_controller(settings, complete=True) == settings
+    assert settings["queue_url"] == "https://a.queue.core.windows.net/jobs"
     assert (settings["partition"], settings["instance_type"], settings["gpus"]) == ("small", "Standard_ND96asr_v4", 8)
     text = controller_user_data(cfg, derive.CONTROLLER_IP, settings, nodes)
     assert text.startswith("#cloud-config") and len(text.encode()) <= CUSTOM_DATA_LIMIT

@@ -19,6 +19,7 @@ from infra.azure.registry import ACR_PULL, registry_name
 from infra.azure.vault import SECRETS_USER, vault_name
 from infra.config import ConfigError
 from infra.userdata import render_node_user_data
+from tests.infra.mock_run import stack_config
 from tests.infra.azure.conftest import (TWO_PARTITIONS, azure_config, controller_file, controller_user_data,
                                         node_json, node_user_data, nodes_json, partitions_config, run_stack)
 from trainer.clouds.azure_nodes import PARTITION_KEYS, parse_secret_url
@@ -611,6 +612,59 @@ def test_outputs_name_what_users_and_the_cluster_need(azure_run):
                 "mungeKeySecretId", "sharedFilesAccount", "homeShare", "registry", "keyVault", "actionGroup"):
         assert out[key], key
     assert "vmssName" not in out and "autoscaleSetting" not in out
+
+
+NLP_GROUP = "0b5e9a52-7c1d-4f7e-9a3b-2f6d8c4e1a90"
+
+
+def test_each_team_has_its_queue_and_its_entra_group_reaches_only_its_own():
+    """Issue 23 on Azure: the queue a message came through is the team that sent it; a team's Entra group sends to
+    its queue only, takes back its poison messages and keeps records and bundles under its own prefix."""
+    run = run_stack(azure_config(teams=[{"name": "vision"}, {"name": "nlp", "azureGroup": NLP_GROUP}]))
+    o, account = run.outputs, run.outputs["storageAccount"]
+    queues = {q.inputs["queueName"]: q.id for q in run.of_type(QUEUE)}
+    assert set(queues) == {"jobs", "jobs-poison", "jobs-nlp", "jobs-nlp-poison"}
+    url = f"https://{account}.queue.core.windows.net/"
+    assert o["teamQueues"] == {"vision": url + "jobs", "nlp": url + "jobs-nlp"}
+    assert o["teamDeadLetterQueues"] == {"vision": url + "jobs-poison", "nlp": url + "jobs-nlp-poison"}
+    assert o["queueUrl"] == o["teamQueues"]["vision"]
+    ctl = controller_file(run, "/etc/gpufleet/controller.json")
+    assert {t["name"]: t["queue_url"] for t in ctl["teams"]} == o["teamQueues"]
+    ctl_principal = o["controllerIdentityPrincipalId"]
+    assert {q for p, role, q in _grants(run)
+            if p == ctl_principal and role == derive.STORAGE_QUEUE_DATA_CONTRIBUTOR} == set(queues.values())
+    (blob_role,) = [r for r in run.of_type(ROLE_DEF) if r.inputs["roleName"].split()[3] == "submit-blobs"]
+    assert blob_role.inputs["permissions"] == [{"actions": [], "notActions": [], "notDataActions": [],
+                                                "dataActions": list(derive.SUBMIT_BLOB_DATA_ACTIONS)}]
+    groups = [r.inputs for r in run.of_type(ROLE) if r.inputs["principalType"] == "Group"]
+    assert {(g["principalId"], _role_guid(g["roleDefinitionId"]), g["scope"]) for g in groups} == {
+        (NLP_GROUP, derive.STORAGE_QUEUE_DATA_MESSAGE_SENDER, queues["jobs-nlp"]),
+        (NLP_GROUP, derive.STORAGE_QUEUE_DATA_MESSAGE_PROCESSOR, queues["jobs-nlp-poison"]),
+        (NLP_GROUP, blob_role.inputs["roleDefinitionId"], run.one(CONTAINER).id)}  # vision: none given
+    (blobs,) = [g for g in groups if g["scope"] == run.one(CONTAINER).id]
+    assert blobs["conditionVersion"] == "2.0" and blobs["condition"] == derive.submit_blob_condition("nlp")
+    assert all("condition" not in g for g in groups if g is not blobs)
+    with pytest.raises(ConfigError, match=r"teams\.0\.azureGroup.*only an Azure stack's teams have an Entra group"):
+        stack_config("dev", teams=[{"name": "nlp", "azureGroup": NLP_GROUP}])
+    with pytest.raises(ConfigError, match=r"teams\.1\.azureGroup"):
+        azure_config(teams=[{"name": "vision"}, {"name": "nlp", "azureGroup": "nlp-people"}])
+
+
+def test_a_teams_blob_condition_reads_writes_and_lists_under_its_prefix_only():
+    """The exact ABAC condition (Azure's documented grammar: ActionMatches, SubOperationMatches 'Blob.List', the
+    blob path and the listing's prefix attributes)."""
+    blobs = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+    assert derive.submit_blob_condition("nlp") == (
+        f"((!(ActionMatches{{'{blobs}/read'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR "
+        f"(@Resource[{blobs}:path] StringStartsWith 'teams/nlp/jobs/' OR "
+        f"@Resource[{blobs}:path] StringStartsWith 'teams/nlp/jobs-index/' OR "
+        f"@Resource[{blobs}:path] StringStartsWith 'teams/nlp/code/'))"
+        f" AND ((!(ActionMatches{{'{blobs}/write'}}) AND !(ActionMatches{{'{blobs}/add/action'}})) OR "
+        f"(@Resource[{blobs}:path] StringStartsWith 'teams/nlp/jobs/' OR "
+        f"@Resource[{blobs}:path] StringStartsWith 'teams/nlp/code/'))"
+        f" AND ((!(ActionMatches{{'{blobs}/read'}} AND SubOperationMatches{{'Blob.List'}})) OR "
+        f"(@Request[{blobs}:prefix] StringStartsWith 'teams/nlp/'))")
+    assert derive.SUBMIT_BLOB_DATA_ACTIONS == (f"{blobs}/read", f"{blobs}/write", f"{blobs}/add/action")
 
 
 def test_the_teams_output_is_the_configs_teams_in_order():
