@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The instance metadata service answers only root on an AWS or Tencent Cloud GPU node (what ParallelCluster's secured
-# IMDS does), so no
+# The instance metadata service answers only root on a GPU node of any cloud (what ParallelCluster's secured IMDS
+# does), so no
 # job holds the node's cloud identity: a job gets credentials of its own from gpufleet-credentials.service on loopback
 # (trainer.node.jobcreds). The OUTPUT chain ACCEPTs TCP packets to the service's port 80 whose owner is root (or a
 # user named with --allow: the notice watcher's slurm user, which no job runs as) and REJECTs every other's.
@@ -10,14 +10,15 @@
 # (trainer.node.container), so the owner match applies to them too.
 # Run at boot by gpufleet-imds.service (before slurmd and docker; AWS and Tencent nodes). Idempotent: the rules are
 # checked with -C first; a second run adds nothing, and a partial set is replaced by the whole one, in order.
-# Usage: gpufleet-imds-root-only [--allow USER]... [--cloud aws|tencent | --cloud-of NODE_JSON] [IPV4 [IPV6]]
+# Usage: gpufleet-imds-root-only [--allow USER]... [--cloud aws|azure|tencent | --cloud-of NODE_JSON] [IPV4 [IPV6]]
 # The cloud's service (--cloud-of: the cloud a node.json names): aws (the default) 169.254.169.254 and fd00:ec2::254,
-# the IPv6 rules only where ip6tables works; tencent 169.254.0.23 (metadata.tencentyun.com), which has no IPv6
-# address. Addresses given win.
+# the IPv6 rules only where ip6tables works; azure 169.254.169.254 (IMDS, its identity endpoint and Scheduled
+# Events); tencent 169.254.0.23 (metadata.tencentyun.com); neither of the two has an IPv6 address. Addresses given
+# win. Azure's WireServer (168.63.129.16) is the guest agent's to guard (its OS.EnableFirewall, on by default).
 set -euo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-usage="usage: [--allow USER]... [--cloud aws|tencent | --cloud-of NODE_JSON] [IPV4 [IPV6]]"
+usage="usage: [--allow USER]... [--cloud aws|azure|tencent | --cloud-of NODE_JSON] [IPV4 [IPV6]]"
 allowed=(0)
 cloud=aws
 while [ "$#" -gt 0 ]; do
@@ -40,8 +41,9 @@ while [ "$#" -gt 0 ]; do
 done
 case "$cloud" in
   aws) ipv4="${1:-169.254.169.254}" ipv6="${2:-fd00:ec2::254}" ;;
+  azure) ipv4="${1:-169.254.169.254}" ipv6="${2:-}" ;;
   tencent) ipv4="${1:-169.254.0.23}" ipv6="${2:-}" ;;
-  *) echo "gpufleet-imds-root-only: cloud $cloud: expected aws or tencent" >&2; exit 2 ;;
+  *) echo "gpufleet-imds-root-only: cloud $cloud: expected aws, azure or tencent" >&2; exit 2 ;;
 esac
 
 # rule TOOL ADDRESS USER OPERATION...: TOOL's OPERATION (-C OUTPUT, -D OUTPUT or -I OUTPUT 1) on the rule that ACCEPTs

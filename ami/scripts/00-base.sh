@@ -9,7 +9,7 @@ apt-get update -q
 if [ "$GPUFLEET_CLOUD" != azure ]; then
   apt-get -y -q -o Dpkg::Options::=--force-confold dist-upgrade
 fi
-# iptables: gpufleet-imds-root-only (the metadata service answers only root on AWS and Tencent nodes). sudo: jobs
+# iptables: gpufleet-imds-root-only (the metadata service answers only root on nodes). sudo: jobs
 # start their containers through the root launcher gpufleet-container by its sudoers rule (50-trainer.sh).
 apt_install jq curl ca-certificates gnupg build-essential dkms pciutils mdadm nvme-cli xfsprogs python3-venv iptables \
   sudo

@@ -54,8 +54,8 @@ visudo -cf /etc/sudoers.d/gpufleet-bridge >/dev/null || die "visudo refuses /etc
 for unit in munge slurmd slurmctld slurmdbd mariadb; do
   ! systemctl is-enabled --quiet "$unit.service" || die "$unit.service is enabled; gpufleet setup starts it at boot"
 done
-# On an AWS or Tencent node the metadata service answers only root and each job gets credentials of its own, before
-# slurmd starts (both units skip themselves on Azure and the controller).
+# On a node the metadata service answers only root and each job gets credentials of its own, before slurmd starts
+# (both units skip themselves on the controller, which has no node.json).
 for unit in gpufleet-imds gpufleet-credentials; do
   systemctl is-enabled --quiet "$unit.service" || die "$unit.service is not enabled: jobs would hold the node's identity"
 done

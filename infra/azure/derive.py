@@ -139,6 +139,12 @@ def submit_blob_condition(team: str) -> str:
     """The condition (version 2.0) on a team's submit group's blob role, as Azure's ABAC writes it: reads only under
     ``teams/<team>/{jobs,jobs-index,code}/``, writes only under ``teams/<team>/{jobs,code}/``, listings only with a
     prefix under ``teams/<team>/``."""
+    return _prefix_condition(team, SUBMIT_READS, SUBMIT_WRITES, (f"{BLOBS}/write", f"{BLOBS}/add/action"))
+
+
+def _prefix_condition(team: str, reads: tuple[str, ...], writes: tuple[str, ...], writing: tuple[str, ...]) -> str:
+    """Reads (not listings) only under the team's ``reads``, the ``writing`` actions only under its ``writes``,
+    listings only with a prefix under ``teams/<team>/``."""
     base = team_prefix(team)
     path, prefix = f"@Resource[{BLOBS}:path]", f"@Request[{BLOBS}:prefix]"
 
@@ -146,10 +152,28 @@ def submit_blob_condition(team: str) -> str:
         return " OR ".join(f"{attribute} StringStartsWith '{base}{p}'" for p in parts)
 
     read, listing = f"ActionMatches{{'{BLOBS}/read'}}", "SubOperationMatches{'Blob.List'}"
-    writes = f"!(ActionMatches{{'{BLOBS}/write'}}) AND !(ActionMatches{{'{BLOBS}/add/action'}})"
-    return (f"((!({read} AND NOT {listing})) OR ({under(path, SUBMIT_READS)}))"
-            f" AND (({writes}) OR ({under(path, SUBMIT_WRITES)}))"
+    not_writing = " AND ".join(f"!(ActionMatches{{'{a}'}})" for a in writing)
+    return (f"((!({read} AND NOT {listing})) OR ({under(path, reads)}))"
+            f" AND (({not_writing}) OR ({under(path, writes)}))"
             f" AND ((!({read} AND {listing})) OR ({prefix} StringStartsWith '{base}'))")
+
+
+JOB_BLOB_DATA_ACTIONS = (f"{BLOBS}/read", f"{BLOBS}/write", f"{BLOBS}/delete", f"{BLOBS}/add/action")
+JOB_WRITES = ("jobs/",)                             # under the team's prefix: its jobs' records, checkpoints, logs
+JOB_READS = ("jobs/", "code/", "data/")
+
+
+def job_blob_condition(team: str) -> str:
+    """The condition (version 2.0) on a team's jobs' identity's blob role: reads only under
+    ``teams/<team>/{jobs,code,data}/``, writes and deletes only under ``teams/<team>/jobs/``, listings only with a
+    prefix under ``teams/<team>/``. No write to ``jobs-index/`` (the bridge keeps it)."""
+    writing = (f"{BLOBS}/write", f"{BLOBS}/delete", f"{BLOBS}/add/action")
+    return _prefix_condition(team, JOB_READS, JOB_WRITES, writing)
+
+
+def team_identity_name(name: str, team: str) -> str:
+    """A team's jobs' user-assigned identity (every node holds it; only the team's jobs get its tokens)."""
+    return f"{name}-team-{team}"
 
 
 def queue_url(account: str, queue: str = JOBS_QUEUE) -> str:
@@ -241,13 +265,14 @@ def node_group(stack: str) -> str:
 def node_settings(cfg: StackConfig, part: Partition, *, container_url: str, client_id: str,
                   resource_group: str, subscription_id: str, registry: Optional[str] = None,
                   key_vault: Optional[str] = None, slurm_: Optional[dict] = None,
-                  mounts: Optional[list] = None) -> dict:
+                  mounts: Optional[list] = None, team_client_ids: Optional[dict] = None) -> dict:
     """A partition's /etc/gpufleet/node.json (trainer.node.node_schema): `registry` is the login server,
     `key_vault` the name of the stack's Key Vault (the secrets jobs name in their env), `resource_group` the
-    nodes' own group."""
+    nodes' own group, `team_client_ids` each team's identity (its jobs' tokens: trainer.node.jobcreds)."""
+    own = {"client_id": client_id, "resource_group": resource_group, "subscription_id": subscription_id,
+           "key_vault": key_vault, **({"team_client_ids": team_client_ids} if team_client_ids else {})}
     return node_json(cfg, part, bucket=container_url, asg_name=node_group(cfg.stack), log_group=log_group(cfg.stack),
-                     own={"client_id": client_id, "resource_group": resource_group,
-                          "subscription_id": subscription_id, "key_vault": key_vault},
+                     own=own,
                      slurm_=slurm_, mounts=mounts, registry=registry)
 
 
@@ -259,9 +284,9 @@ def placement(part: Partition) -> str:
 
 def partition_nodes(cfg: StackConfig, part: Partition, *, subscription_id: str, resource_group: str,
                     group_id: str, subnet_id: str, identity_id: str, custom_data: str,
-                    disk_encryption_set_id: Optional[str] = None) -> dict:
+                    disk_encryption_set_id: Optional[str] = None, team_identity_ids: tuple[str, ...] = ()) -> dict:
     """One partition of nodes.json: what trainer.clouds.azure_nodes needs to create its VMs. ``group_id`` is the
-    partition's scale set or availability set (``placement``)."""
+    partition's scale set or availability set (``placement``); each VM holds the node identity and the teams'."""
     size = part.primary.name
     where = placement(part)
     return {"instance_types": [size], "vm_size": size, "spot": part.spot, "on_demand_base": part.on_demand_base,
@@ -270,7 +295,8 @@ def partition_nodes(cfg: StackConfig, part: Partition, *, subscription_id: str, 
             "scale_set_id": group_id if where == "scale_set" else None,
             "availability_set_id": group_id if where == "availability_set" else None,
             "subnet_id": subnet_id, "image": cfg.image, "plan": image(cfg.image).plan, "identity_id": identity_id,
-            "admin_username": ADMIN_USER, "ssh_public_key": cfg.ssh_public_key,
+            "team_identity_ids": list(team_identity_ids), "admin_username": ADMIN_USER,
+            "ssh_public_key": cfg.ssh_public_key,
             "disk_encryption_set_id": disk_encryption_set_id, "custom_data": custom_data,
             "os_disk_gb": NODE_OS_DISK_GB}
 

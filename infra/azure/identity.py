@@ -3,13 +3,17 @@ each scoped to the one resource it is needed on (no account keys exist: shared-k
 
 - nodes: write checkpoints, records and logs in the blob container. Their registry pull and Key Vault reads are
   granted where those resources are made (infra/azure/registry.py, vault.py). Nodes take no job from the queue:
-  the bridge on the controller does.
-- controller (the bridge, slurmctld's power saving): the job queue and its poison queue, the blob container (the
-  jobs' records); in the nodes' resource group, a custom role that creates, reads and deletes VMs, NICs and OS
-  disks and puts VMs into the partitions' scale sets and availability sets; on the node subnet, a custom role to
-  join NICs to it; on the node identity, Managed Identity Operator (assign that identity to the VMs it creates);
-  on a gallery image, Reader. Its Key Vault right (the munge key) is granted on the secret (infra/azure/vault.py).
-  The controller can touch nothing else: not itself, the shared file system, the vault or the registry.
+  the bridge on the controller does. Jobs hold none of it (the metadata service answers only root on a node).
+- each team's jobs (``<name>-team-<team>``, on every node; its jobs get its tokens from the node's credentials
+  daemon): a custom role of blob data actions on the container, held by an ABAC condition to reads under
+  ``teams/<team>/{jobs,code,data}/`` and writes under ``teams/<team>/jobs/``; AcrPull (registry.py).
+- controller (the bridge, slurmctld's power saving): the teams' job queues and poison queues, the blob container
+  (the jobs' records); in the nodes' resource group, a custom role that creates, reads and deletes VMs, NICs and
+  OS disks and puts VMs into the partitions' scale sets and availability sets; on the node subnet, a custom role
+  to join NICs to it; on the node identity and each team's, Managed Identity Operator (assign them to the VMs it
+  creates); on a gallery image, Reader. Its Key Vault right (the munge key) is granted on the secret
+  (infra/azure/vault.py). The controller can touch nothing else: not itself, the shared file system, the vault
+  or the registry.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ class IdentityArgs:
     node_subnet_id: pulumi.Input[str]
     image_definition_id: Optional[str]          # a gallery image the nodes boot from (derive.gallery_image_definition)
     tags: dict
+    teams: tuple[str, ...] = ()                 # each gets its jobs' identity
 
 
 def custom_role(resource_name: str, subscription_id: pulumi.Input[str], stack: str, location: str,
@@ -119,6 +124,24 @@ class Identity(pulumi.ComponentResource):
             grant(f"{name}-controller-assign-identity", ctl, builtin(sub, derive.MANAGED_IDENTITY_OPERATOR),
                   self.identity.id, child),
         ]
+        # Each team's jobs' identity: every node holds it (so a team's job may run anywhere), only the team's jobs
+        # get its tokens (trainer.node.jobcreds); its blob role is held to the team's prefix by a condition.
+        job_blobs = custom_role(
+            f"{name}-job-blobs", sub, stack, location, args.resource_group_id, "job-blobs",
+            "gpufleet: a team's jobs keep their records, checkpoints and logs and read the team's code and data "
+            "(held to the team's prefix by each assignment's condition)", data_actions=derive.JOB_BLOB_DATA_ACTIONS,
+            opts=child)
+        self.teams: dict[str, managedidentity.UserAssignedIdentity] = {}
+        for team in args.teams:
+            ident = self.teams[team] = managedidentity.UserAssignedIdentity(
+                f"{name}-team-{team}", resource_name_=derive.team_identity_name(args.name, team),
+                resource_group_name=args.resource_group, location=args.location, tags=args.tags, opts=child)
+            authorization.RoleAssignment(
+                f"{name}-team-{team}-blobs", principal_id=ident.principal_id, principal_type="ServicePrincipal",
+                role_definition_id=custom_role_id(sub, stack, location, "job-blobs"), scope=args.container_id,
+                condition=derive.job_blob_condition(team), condition_version="2.0", opts=after(job_blobs))
+            self.controller_roles.append(grant(f"{name}-controller-assign-{team}", ctl,
+                                               builtin(sub, derive.MANAGED_IDENTITY_OPERATOR), ident.id, child))
         if args.image_definition_id:
             self.controller_roles.append(grant(f"{name}-controller-image", ctl, builtin(sub, derive.READER),
                                                args.image_definition_id, child))

@@ -49,6 +49,7 @@ class RegistryArgs:
     subscription_id: pulumi.Input[str]
     principal_id: pulumi.Input[str]        # the nodes' identity
     tags: dict
+    job_principal_ids: Optional[dict] = None  # team -> its jobs' identity (a job's task logs in to pull its image)
 
 
 class Registry(pulumi.ComponentResource):
@@ -88,5 +89,10 @@ class Registry(pulumi.ComponentResource):
             scope=self.registry.id,
             opts=child,
         )
+        self.job_pull_roles = [authorization.RoleAssignment(
+            f"{name}-acr-pull-{team}", principal_id=principal, principal_type="ServicePrincipal",
+            role_definition_id=pulumi.Output.from_input(args.subscription_id).apply(
+                lambda sub: derive.role_definition_id(sub, ACR_PULL)),
+            scope=self.registry.id, opts=child) for team, principal in (args.job_principal_ids or {}).items()]
         self.login_server = self.registry.login_server
         self.register_outputs({"loginServer": self.login_server})

@@ -48,18 +48,18 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         account_name=derive.storage_account_name(cfg.stack, location), resource_group=group.group_name,
         location=location, subnet_ids=(net.subnet_id, net.controller_subnet_id), tags=tags))
     # each team its queue (the first team's keeps the stack's names) and, where the config names its Entra group,
-    # that group's submit rights; the blob part is a custom role of the stack's, made once if any team needs it
-    submitters = [t for t in cfg.teams if t.azure_group]
+    # that group's submit rights; the blob part is a custom role of the container's, made once if a team needs it
     submit_role = [custom_role(
-        "submit-blobs", sub, cfg.stack, location, group.group_id, "submit-blobs",
+        "storage-submit-blobs", sub, cfg.stack, location, group.group_id, "submit-blobs",
         "gpufleet: a team's submitters keep its records and bundles (held to its prefix by each assignment's "
-        "condition)", data_actions=derive.SUBMIT_BLOB_DATA_ACTIONS)] if submitters else []
+        "condition)", data_actions=derive.SUBMIT_BLOB_DATA_ACTIONS, opts=pulumi.ResourceOptions(parent=store))
+    ] if any(t.azure_group for t in cfg.teams) else []
     queues = derive.team_queues([t.name for t in cfg.teams])
     inlets = {team.name: JobQueue("queue" if i == 0 else f"queue-{team.name}", JobQueueArgs(
         account_name=store.account.name, resource_group=group.group_name, team=team.name,
-        queue=queues[team.name][0], poison=queues[team.name][1], subscription_id=sub, container_id=store.container_id,
-        submit_role=custom_role_id(sub, cfg.stack, location, "submit-blobs"), group=team.azure_group,
-        after=tuple(submit_role)))
+        queue=queues[team.name][0], poison=queues[team.name][1], subscription_id=sub,
+        container_id=store.container_id, submit_role=custom_role_id(sub, cfg.stack, location, "submit-blobs"),
+        group=team.azure_group, after=tuple(submit_role)))
         for i, team in enumerate(cfg.teams)}
     jobs = inlets[cfg.teams[0].name]
     ident = Identity("identity", IdentityArgs(
@@ -67,11 +67,13 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         location=location, subscription_id=sub, container_id=store.container_id,
         queue_ids=tuple(i for q in inlets.values() for i in (q.queue_id, q.poison_queue_id)),
         nodes_group_id=nodes_group.group_id,
-        node_subnet_id=net.subnet_id, image_definition_id=derive.gallery_image_definition(cfg.image), tags=tags))
+        node_subnet_id=net.subnet_id, image_definition_id=derive.gallery_image_definition(cfg.image), tags=tags,
+        teams=tuple(t.name for t in cfg.teams)))
     images = Registry("registry", RegistryArgs(
         name=registry_name(cfg.stack, location), resource_group=group.group_name, location=location,
         subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=sub,
-        principal_id=ident.principal_id, tags=tags))
+        principal_id=ident.principal_id, tags=tags,
+        job_principal_ids={t: i.principal_id for t, i in ident.teams.items()}))
     secrets = Vault("vault", VaultArgs(
         name=vault_name(cfg.stack, location), resource_group=group.group_name, location=location,
         tenant_id=client.tenant_id, subnet_id=net.subnet_id, vnet_id=net.vnet.id, subscription_id=sub,
@@ -85,22 +87,26 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
     slurm_ = pulumi.Output.all(net.controller_address, secrets.munge_url).apply(
         lambda v: derive.slurm_settings(*v))
+    team_client_ids = pulumi.Output.all(**{t: i.client_id for t, i in ident.teams.items()})
+    team_identity_ids = pulumi.Output.all(*(i.id for i in ident.teams.values()))
     parts: dict[str, PartitionNodes] = {}
     nodes_parts = {}
     for part in cfg.partitions:
         parts[part.name] = PartitionNodes(f"partition-{part.name}", PartitionArgs(
             prefix=name, partition=part, resource_group=nodes_group.group_name, location=location, tags=tags))
         node = pulumi.Output.all(store.container_url, ident.client_id, nodes_group.group_name, sub,
-                                 images.login_server, secrets.vault_name, slurm_, shared.node_mounts).apply(
+                                 images.login_server, secrets.vault_name, slurm_, shared.node_mounts,
+                                 team_client_ids).apply(
             lambda v, part=part: derive.node_settings(
                 cfg, part, container_url=v[0], client_id=v[1], resource_group=v[2],
-                subscription_id=v[3], registry=v[4], key_vault=v[5], slurm_=v[6], mounts=v[7]))
+                subscription_id=v[3], registry=v[4], key_vault=v[5], slurm_=v[6], mounts=v[7],
+                team_client_ids=v[8]))
         nodes_parts[part.name] = pulumi.Output.all(
             sub, nodes_group.group_name, parts[part.name].group_id, net.subnet_id, ident.id,
-            node.apply(node_custom_data)).apply(
+            node.apply(node_custom_data), team_identity_ids).apply(
             lambda v, part=part: derive.partition_nodes(
                 cfg, part, subscription_id=v[0], resource_group=v[1], group_id=v[2], subnet_id=v[3],
-                identity_id=v[4], custom_data=v[5]))
+                identity_id=v[4], custom_data=v[5], team_identity_ids=tuple(v[6])))
     nodes = pulumi.Output.all(pulumi.Output.all(**nodes_parts), ident.controller_client_id).apply(
         lambda v: derive.nodes_config(cfg, v[0], v[1]))
     settings = pulumi.Output.all(store.container_url, store.account.name, slurm_, shared.controller_mounts,
@@ -140,6 +146,7 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "partitionGroups": pulumi.Output.all(**{n: p.group_id for n, p in parts.items()}),
         "identityClientId": ident.client_id,
         "identityPrincipalId": ident.principal_id,
+        "teamIdentityClientIds": team_client_ids,
         "registry": images.login_server,
         "keyVault": secrets.vault_name,
         "mungeKeySecret": secrets.munge_url,

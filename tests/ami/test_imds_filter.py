@@ -221,14 +221,23 @@ def test_on_tencent_its_own_service_answers_root_only():
     shutil.rmtree(node_json.parent)
 
 
+def test_on_azure_the_metadata_service_answers_root_and_the_watcher_only():
+    """`--cloud azure`: 169.254.169.254 (the identity endpoint and Scheduled Events), no IPv6 address."""
+    with serving(IPV4, None) as (ns, _):
+        done = ns.run(["bash", str(SCRIPT), "--allow", str(WATCHER), "--cloud", "azure"])
+        assert done.returncode == 0, done.stderr
+        assert "the azure metadata service has no IPv6 address" in done.stdout
+        assert get(ns, IPV4) == "200" and get(ns, IPV4, WATCHER) == "200" and get(ns, IPV4, NOBODY) == "refused"
+
+
 def test_wrong_usage_is_refused_before_any_rule():
     # in a namespace of its own as root too: the host's rules are never the test's
     private = [require("unshare"), "--net", "--"] if os.geteuid() == 0 else []
     azure = Path(tempfile.mkdtemp(prefix="gpufleet-imds-")) / "node.json"
-    azure.write_text('{"cloud": "azure"}')
+    azure.write_text('{"cloud": "gcp"}')
     for args, message in ((["--allow"], "--allow needs a value"), (["--deny", "x"], "unknown option --deny"),
-                          (["--cloud", "azure"], "cloud azure: expected aws or tencent"),
-                          (["--cloud-of", str(azure)], "cloud azure: expected aws or tencent"),
+                          (["--cloud", "gcp"], "cloud gcp: expected aws, azure or tencent"),
+                          (["--cloud-of", str(azure)], "cloud gcp: expected aws, azure or tencent"),
                           (["--cloud-of", "/nonexistent/node.json"], "cloud unreadable /nonexistent/node.json")):
         done = _run([*private, "bash", str(SCRIPT), *args])
         assert done.returncode == 2 and message in done.stderr, done.stderr

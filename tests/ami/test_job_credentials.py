@@ -1,6 +1,6 @@
-"""Each job's own credentials on an AWS or Tencent node (issue 23), as the image wires them: the metadata filter's and
-the credentials daemon's units (AWS and Tencent nodes, by node.json's cloud, as the node's other settings), Slurm's
-Prolog and Epilog (always exit 0, failures to syslog, nothing on Azure) and where the image installs them. The
+"""Each job's own credentials on a node (issue 23), as the image wires them: the metadata filter's and the
+credentials daemon's units (by node.json's cloud, as the node's other settings), Slurm's Prolog and Epilog (always
+exit 0, failures to syslog, nothing where node.json names no cloud) and where the image installs them. The
 filter itself is run for real in tests/ami/test_imds_filter.py, the TaskProlog in tests/ami/test_task_prolog.py."""
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def exec_condition(name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", CREDENTIALS_UNITS)
-@pytest.mark.parametrize("cloud, runs", [("aws", True), ("azure", False), ("tencent", True), (None, False)])
-def test_the_units_run_on_aws_and_tencent_nodes_only(tmp_path, name, cloud, runs):
+@pytest.mark.parametrize("cloud, runs", [("aws", True), ("azure", True), ("tencent", True), (None, False),
+                                         ("gcp", False)])
+def test_the_units_run_on_every_clouds_nodes_only(tmp_path, name, cloud, runs):
     """The condition, run for real on a node.json of each cloud: exit 0 runs the unit; 1 to 254 skips it (systemd's
     ExecCondition), never fails it. No node.json (the controller, a build machine): skipped by ConditionPathExists."""
     from trainer.node import node_schema
@@ -31,7 +32,8 @@ def test_the_units_run_on_aws_and_tencent_nodes_only(tmp_path, name, cloud, runs
     u = unit(name)
     assert u["Unit"]["ConditionPathExists"] == node_schema.PATH
     argv = exec_condition(name)
-    assert argv == ["/usr/bin/jq", "-e", '.cloud == "aws" or .cloud == "tencent"', node_schema.PATH]
+    assert argv == ["/usr/bin/jq", "-e", '.cloud == "aws" or .cloud == "azure" or .cloud == "tencent"',
+                    node_schema.PATH]
     node_json = tmp_path / "node.json"
     node_json.write_text(json.dumps({"cloud": cloud, "region": "r"} if cloud else {"region": "r"}))
     status = subprocess.run([require("jq"), *argv[1:-1], str(node_json)], capture_output=True, timeout=30).returncode
@@ -148,9 +150,8 @@ class Node:
 
 
 @pytest.mark.parametrize("program", ["prolog", "epilog"])
-@pytest.mark.parametrize("cloud", ["aws", "tencent"])
-def test_on_aws_and_tencent_each_job_program_runs_the_trainers_and_logs_nothing_when_it_works(tmp_path, program,
-                                                                                              cloud):
+@pytest.mark.parametrize("cloud", ["aws", "azure", "tencent"])
+def test_on_each_cloud_each_job_program_runs_the_trainers_and_logs_nothing_when_it_works(tmp_path, program, cloud):
     node = Node(tmp_path, program)
     node.cloud(cloud)
     result = node.run()
@@ -177,9 +178,9 @@ def test_a_failure_goes_to_syslog_and_the_program_still_exits_0(tmp_path, progra
 
 
 @pytest.mark.parametrize("program", ["prolog", "epilog"])
-@pytest.mark.parametrize("cloud", ["azure", None, "{broken"])
-def test_on_azure_each_job_program_does_nothing(tmp_path, program, cloud):
-    """Azure nodes have no per-job credentials yet; no node.json or a broken one: nothing either."""
+@pytest.mark.parametrize("cloud", [None, "gcp", "{broken"])
+def test_without_a_cloud_each_job_program_does_nothing(tmp_path, program, cloud):
+    """A node.json that names no cloud we run on, none, or a broken one: nothing."""
     node = Node(tmp_path, program)
     if cloud == "{broken":
         node.node_json.write_text(cloud)

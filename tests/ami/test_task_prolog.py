@@ -2,6 +2,7 @@
 credentials of its own, the AWS container-credentials variables (Slurm sets what it prints). Run for real."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -89,6 +90,32 @@ def test_a_job_with_a_token_gets_its_own_credentials_after_the_nccl_settings(nod
     other = "http://127.0.0.1:9/v1/credentials"
     assert prolog(settings, str(credentials), other, SLURM_JOB_ID="4242").stdout.splitlines()[-10:] == (
         credential_lines(other, TOKEN))
+
+
+@pytest.mark.parametrize("cloud", ["azure", "aws", "tencent"])
+def test_on_azure_the_token_reaches_the_endpoint_as_app_service_hands_an_identity(node, tmp_path, cloud):
+    """azure-identity's ManagedIdentityCredential (App Service) reads IDENTITY_ENDPOINT and IDENTITY_HEADER; what
+    would win over them (a service principal's secret, another host's managed identity) is unset. AWS's and
+    Tencent's nodes keep AWS's variables."""
+    settings, credentials = node
+    (credentials / "tokens" / "4242").write_text(TOKEN)
+    node_json = tmp_path / "node.json"
+    node_json.write_text(json.dumps({"cloud": cloud, "region": "r"}))
+    done = prolog(settings, str(credentials), ENDPOINT, str(node_json), SLURM_JOB_ID="4242")
+    assert done.returncode == 0 and done.stderr == ""
+    if cloud != "azure":
+        assert done.stdout.splitlines() == NCCL_EXPORTS + credential_lines(ENDPOINT, TOKEN)
+        return
+    assert done.stdout.splitlines() == NCCL_EXPORTS + [
+        "unset AZURE_CLIENT_SECRET", "unset AZURE_CLIENT_CERTIFICATE_PATH", "unset AZURE_USERNAME",
+        "unset AZURE_PASSWORD", "unset AZURE_FEDERATED_TOKEN_FILE", "unset IDENTITY_SERVER_THUMBPRINT",
+        "unset IMDS_ENDPOINT", "unset MSI_ENDPOINT", "unset MSI_SECRET",
+        "export IDENTITY_ENDPOINT=http://127.0.0.1:51680/msi/token", f"export IDENTITY_HEADER={TOKEN}"]
+    node_json.unlink()
+    node_json.symlink_to(tmp_path / "elsewhere.json")  # a link is not the node's settings: AWS's variables
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"cloud": "azure"}))
+    again = prolog(settings, str(credentials), ENDPOINT, str(node_json), SLURM_JOB_ID="4242")
+    assert again.stdout.splitlines() == NCCL_EXPORTS + credential_lines(ENDPOINT, TOKEN)
 
 
 def test_credentials_without_nccl_settings(node, tmp_path):

@@ -32,6 +32,7 @@ def jwt(claims: dict) -> str:
 class FakeAzureIdentity(LoopbackServer):
     def __init__(self, client_id: str = "cid-nodes", registry: str = "gpufleetazure0a1b2c3d.azurecr.io"):
         self.client_id, self.registry = client_id, registry
+        self.more_ids: set[str] = set()     # other user-assigned identities the VM holds (the teams' jobs')
         self.secrets: dict[str, str] = {}
         self.vault_role = True             # the identity holds Key Vault Secrets User on the vault
         self.refresh_exp = time.time() + 3 * 3600
@@ -44,8 +45,8 @@ class FakeAzureIdentity(LoopbackServer):
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def token(self, resource: str) -> str:
-        return f"entra-{self.client_id}-{resource}"
+    def token(self, resource: str, client_id: str | None = None) -> str:
+        return f"entra-{client_id or self.client_id}-{resource}"
 
     def _handler(self):
         fake = self
@@ -64,12 +65,13 @@ class FakeAzureIdentity(LoopbackServer):
                 if path == "/metadata/identity/oauth2/token":
                     if self.headers.get("Metadata") != "true" or query.get("api-version") != ["2018-02-01"]:
                         return self._reply(400, json.dumps({"error": "invalid_request"}))
-                    if query.get("client_id") != [fake.client_id]:
+                    client = (query.get("client_id") or [""])[0]
+                    if client not in {fake.client_id, *fake.more_ids}:
                         return self._reply(400, json.dumps({"error": "invalid_request",
                                                             "error_description": "Identity not found"}))
                     resource = query["resource"][0]
                     return self._reply(200, json.dumps({
-                        "access_token": fake.token(resource), "expires_on": str(int(time.time()) + 3600),
+                        "access_token": fake.token(resource, client), "expires_on": str(int(time.time()) + 3600),
                         "resource": resource, "token_type": "Bearer"}))
                 if path.startswith("/secrets/") and query.get("api-version") == ["7.4"]:
                     name = path[len("/secrets/"):]
@@ -95,7 +97,8 @@ class FakeAzureIdentity(LoopbackServer):
                 if (self.headers.get("Content-Type") != "application/x-www-form-urlencoded"
                         or form.get("grant_type") != "access_token" or form.get("service") != fake.registry):
                     return self._reply(400, json.dumps({"errors": [{"code": "UNSUPPORTED"}]}))
-                if form.get("access_token") != fake.token(MANAGEMENT):
+                holders = {fake.client_id, *fake.more_ids}
+                if form.get("access_token") not in {fake.token(MANAGEMENT, c) for c in holders}:
                     return self._reply(401, json.dumps({"errors": [{"code": "UNAUTHORIZED",
                                                                     "message": "invalid token"}]}))
                 refresh = jwt({"aud": fake.registry, "exp": int(fake.refresh_exp), "grant_type": "refresh_token"})

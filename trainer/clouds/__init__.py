@@ -4,9 +4,10 @@ Each implements interfaces that trainer.loop, trainer.node, trainer.jobs and tra
 one through :func:`adapter` by name and imports it lazily, so no core module imports a cloud module and a
 cloud's SDK loads only where that cloud is used. A cloud module provides ``open_store(uri)``,
 ``open_queue(url, region)``, ``start_watcher(notice, settings)``, ``NodePlatform(node)``, ``job_issuer(settings)``
-and ``instance_facts()`` where jobs get credentials of their own (AWS and Tencent: trainer.node.jobcreds), and
+and ``instance_facts()``, with which jobs get credentials of their own (trainer.node.jobcreds), and
 ``explain(exc)``: the one line (a UsageError for the user's setup, a Fault for a runtime fault) that its SDK's
-credential and connection errors become at the command boundary, or None. Its Slurm side, ``<cloud>_nodes`` (:func:`node_adapter`), provides
+credential and connection errors become at the command boundary, or None. Its Slurm side, ``<cloud>_nodes``
+(:func:`node_adapter`), provides
 Slurm's ``NodeProvider(config)``, ``node_name`` and ``munge_key``; it builds on the cloud module, never the
 other way round.
 """

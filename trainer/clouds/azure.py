@@ -1,5 +1,6 @@
 """Azure: Blob checkpoint store, Storage-queue job queue, Scheduled Events stop notices, node platform (Key
-Vault secrets and registry logins through the node's managed identity).
+Vault secrets and registry logins through the node's managed identity), and a job's own identity on a node (its
+team's: TeamIdentityIssuer, which trainer.node.jobcreds serves).
 
 Credentials and endpoints come from the standard variables only:
 - ``AZURE_STORAGE_CONNECTION_STRING`` (the SDKs' and CLI's own): when it names the same account as the
@@ -7,7 +8,9 @@ Credentials and endpoints come from the standard variables only:
   Azurite, as ``AWS_ENDPOINT_URL`` points boto3 at moto.
 - Otherwise ``DefaultAzureCredential``: on a node or the controller the machine's user-assigned managed identity,
   selected by ``AZURE_CLIENT_ID`` or else the client id in node.json (a node) or controller.json (the controller,
-  which has no node.json). The accounts refuse shared keys.
+  which has no node.json); in a job's process its team's identity, from the node's endpoint that
+  ``IDENTITY_ENDPOINT`` and ``IDENTITY_HEADER`` name (azure-identity's App Service credential). The accounts refuse
+  shared keys.
 - ``AZURE_STORAGE_ACCOUNT`` (the CLI's own) names the account for az:// URIs.
 
 Blob store (``az://container/prefix`` or ``https://<account>.blob.core.windows.net/<container>/<prefix>``):
@@ -99,13 +102,16 @@ def credential():
     """DefaultAzureCredential; its managed identity (the metadata address) only on an Azure machine of a stack (a
     node or the controller), or where the hosting service names an identity endpoint: a laptop, CI or a test never
     sends a packet there. The user-assigned identity is the one AZURE_CLIENT_ID names, else the one of the
-    machine's settings (azure.client_id)."""
+    machine's settings (azure.client_id); a job's process on a node names none (the node's endpoint answers with
+    its team's identity)."""
     from azure.identity import DefaultAzureCredential  # lazy: azure extra
 
     settings = machine_settings()
     on_azure = settings.get("cloud") == "azure" or any(
         os.environ.get(v) for v in ("IDENTITY_ENDPOINT", "MSI_ENDPOINT"))
     client_id = os.environ.get("AZURE_CLIENT_ID") or (settings.get("azure") or {}).get("client_id") or None
+    if job_endpoint():
+        client_id = None
     return DefaultAzureCredential(exclude_interactive_browser_credential=True,
                                   exclude_managed_identity_credential=not on_azure,
                                   **({"managed_identity_client_id": client_id} if on_azure and client_id else {}))
@@ -344,6 +350,7 @@ class AzureJobQueue(JobQueue):
 # --- Stop notices: Scheduled Events ---------------------------------------------------------------
 
 DEFAULT_BASE = "http://169.254.169.254"
+SECRET_PATH = "/v1/secret"  # trainer.node.jobcreds.SECRET_PATH: a job's team's secret, read for it by the node
 EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
 VM_NAME = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 # Preempt: spot eviction (>= 30 s notice). Terminate: scale-in or delete (terminateNotificationProfile).
@@ -428,15 +435,41 @@ class IdentityUnavailable(Exception):
     """The metadata service gave no token of the node's managed identity."""
 
 
+# A job's process on a node: its team's identity from the node's credentials endpoint (trainer.node.jobcreds), in
+# the App Service managed-identity protocol azure-identity reads (set by the TaskProlog).
+IDENTITY_ENDPOINT, IDENTITY_HEADER = "IDENTITY_ENDPOINT", "IDENTITY_HEADER"
+JOB_RESOURCES = ("https://storage.azure.com/", MANAGEMENT)  # what a job's team identity is asked tokens for
+
+
+def job_endpoint(environ=os.environ) -> tuple[str, str] | None:
+    """(endpoint, header) where the TaskProlog gave this process its job's endpoint, which is on loopback; another
+    (a Service Fabric host's) is left to azure-identity."""
+    url, header = environ.get(IDENTITY_ENDPOINT), environ.get(IDENTITY_HEADER)
+    loopback = (url or "").startswith("http://") and urllib.parse.urlsplit(url).hostname in ("127.0.0.1", "::1")
+    return (url, header) if loopback and header else None
+
+
 class ManagedIdentity:
     """Tokens of the node's user-assigned managed identity (node.json azure.client_id) from the instance
-    metadata service, cached per resource until TOKEN_MARGIN_S before they expire."""
+    metadata service, or, in a job's process, of its team's identity from the node's credentials endpoint
+    (``job_endpoint``), cached per resource until TOKEN_MARGIN_S before they expire."""
 
-    def __init__(self, client_id: str | None, base_url: str = DEFAULT_BASE, timeout_s: float = 5.0):
+    def __init__(self, client_id: str | None, base_url: str = DEFAULT_BASE, timeout_s: float = 5.0,
+                 environ=os.environ):
         self.client_id, self.base, self.timeout_s = client_id, base_url.rstrip("/"), timeout_s
+        self.job = job_endpoint(environ)
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxied
         self._tokens: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
+
+    def _request(self, resource: str) -> urllib.request.Request:
+        if self.job:
+            url, header = self.job
+            query = urllib.parse.urlencode({"api-version": "2019-08-01", "resource": resource})
+            return urllib.request.Request(f"{url}?{query}", headers={"X-IDENTITY-HEADER": header})
+        query = urllib.parse.urlencode({"resource": resource, **({"client_id": self.client_id}
+                                                                  if self.client_id else {})})
+        return urllib.request.Request(f"{self.base}{IDENTITY_TOKEN}&{query}", headers={"Metadata": "true"})
 
     def token(self, resource: str) -> tuple[str, float]:
         """(access token, expiry in epoch seconds) for ``resource``."""
@@ -444,16 +477,15 @@ class ManagedIdentity:
             cached = self._tokens.get(resource)
             if cached and cached[1] - time.time() > TOKEN_MARGIN_S:
                 return cached
-            query = urllib.parse.urlencode({"resource": resource, **({"client_id": self.client_id}
-                                                                      if self.client_id else {})})
-            req = urllib.request.Request(f"{self.base}{IDENTITY_TOKEN}&{query}", headers={"Metadata": "true"})
+            req = self._request(resource)
             try:
                 with self._opener.open(req, timeout=self.timeout_s) as resp:
                     doc = json.loads(resp.read())
             except urllib.error.HTTPError as exc:
                 raise IdentityUnavailable(f"HTTP {exc.code} {_error_text(exc)}".strip()) from None
             except (urllib.error.URLError, OSError, ValueError) as exc:
-                raise IdentityUnavailable(f"no Azure metadata service at {self.base}: {exc}") from None
+                where = self.job[0] if self.job else self.base
+                raise IdentityUnavailable(f"no identity endpoint answers at {where}: {exc}") from None
             token = doc["access_token"], float(doc.get("expires_on") or time.time() + 3600)
             self._tokens[resource] = token
             return token
@@ -466,7 +498,8 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
     except ValueError:
         return ""
     err = doc.get("error")
-    text = doc.get("error_description") or (err.get("message") if isinstance(err, dict) else err) or ""
+    text = (doc.get("error_description") or (err.get("message") if isinstance(err, dict) else err)
+            or doc.get("message") or "")
     return str(text).splitlines()[0][:200] if text else ""
 
 
@@ -486,11 +519,14 @@ class NodePlatform(Platform):
 
     def secret(self, source: str, name: str) -> str:
         """A secret of the stack's Key Vault (node.json azure.key_vault), read with the node's identity
-        (role Key Vault Secrets User on the vault) over the vault's REST API."""
+        (role Key Vault Secrets User on the vault) over the vault's REST API; in a job's process, asked of the
+        node's credentials endpoint, which reads only the job's team's (``<team>-...``)."""
         if source != "keyvault":
             return super().secret(source, name)
-        vault = (self.node.get("azure") or {}).get("key_vault")
         what = f"env: keyvault:{name}"
+        if self.identity.job:
+            return self._job_secret(name, what)
+        vault = (self.node.get("azure") or {}).get("key_vault")
         if not vault:
             raise UsageError(f"{what}: node.json names no Key Vault (azure.key_vault); the stack's user-data "
                              "writes it on cluster nodes")
@@ -516,6 +552,21 @@ class NodePlatform(Platform):
         except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
             raise UsageError(f"{what}: cannot read it from Key Vault {vault} ({exc}); check the vault's private "
                              "endpoint and DNS from this node") from None
+
+    def _job_secret(self, name: str, what: str) -> str:
+        url, header = self.identity.job
+        query = urllib.parse.urlencode({"name": name})
+        parts = urllib.parse.urlsplit(url)
+        req = urllib.request.Request(f"{parts.scheme}://{parts.netloc}{SECRET_PATH}?{query}",
+                                     headers={"X-IDENTITY-HEADER": header})
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=20) as resp:
+                return json.loads(resp.read())["value"]
+        except urllib.error.HTTPError as exc:
+            raise UsageError(f"{what}: the node refused it (HTTP {exc.code}: {_error_text(exc) or 'refused'}); a "
+                             "job reads only its team's Key Vault secrets, named <team>-...") from None
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"{what}: the node's credentials endpoint does not answer ({exc})") from None
 
     def registry_login(self, image: str):
         """An ACR refresh token for an image on `<registry>.azurecr.io`: the identity's token for Azure Resource
@@ -547,3 +598,62 @@ class NodePlatform(Platform):
             return RegistryLogin(host, ACR_USER, refresh, jwt_expiry(refresh) or expires)
 
         return self._logins.get(host, fetch)
+
+
+# --- A job's own identity (trainer.node.jobcreds serves it) -------------------------------------------------
+
+class TeamIdentityIssuer:
+    """On a node (root, which alone reaches the metadata service): tokens of a job's team's user-assigned managed
+    identity (node.json ``azure.team_client_ids``; the stack holds each to its team's prefix of the container by
+    an ABAC condition and gives it AcrPull), for the resources a job needs (JOB_RESOURCES) and no other; and the
+    job's team's Key Vault secrets (``<team>-...``, never the munge key), read with the node's own identity, since
+    a Key Vault role cannot be held to a name prefix. Azure offers no narrower token than an identity's: a job's
+    token reaches its whole team's prefix, not its own job's (docs/jobs.md)."""
+
+    def __init__(self, team_client_ids: dict[str, str], node: dict, base_url: str = DEFAULT_BASE,
+                 platform: "NodePlatform | None" = None):
+        self.identities = {team: ManagedIdentity(cid, base_url, environ={}) for team, cid in team_client_ids.items()}
+        self.client_ids = dict(team_client_ids)
+        self.platform = platform or NodePlatform(node, base_url)
+        munge = str((node.get("slurm") or {}).get("munge") or "")
+        self.munge = urllib.parse.urlsplit(munge).path.split("/")[2] if munge.count("/") >= 4 else None
+
+    def __call__(self, team: str, job_id: str, session: str, resource: str) -> tuple[dict, float]:
+        from trainer.node.jobcreds import Denied  # lazy: jobcreds imports the cloud registry, which imports this
+
+        allowed = {r.rstrip("/") for r in JOB_RESOURCES}
+        if resource.rstrip("/") not in allowed:
+            raise Denied(403, f"a job's identity is given tokens for {', '.join(sorted(allowed))} only, not "
+                              f"{resource}")
+        if team not in self.identities:
+            raise Denied(403, f"team {team} has no identity on this node (node.json azure.team_client_ids)")
+        try:
+            token, expires = self.identities[team].token(resource)
+        except IdentityUnavailable as exc:
+            raise Denied(502, f"no token of team {team}'s identity: {exc}") from None
+        return ({"access_token": token, "expires_on": str(int(expires)), "resource": resource,
+                 "token_type": "Bearer", "client_id": self.client_ids[team]}, expires)
+
+    def secret(self, team: str, name: str) -> str:
+        from trainer.node.jobcreds import Denied  # lazy: see __call__
+
+        if not name.startswith(f"{team}-") or name == self.munge:
+            raise Denied(403, f"secret {name!r}: a job of team {team} reads only its team's, named {team}-...")
+        try:
+            return self.platform.secret("keyvault", name)
+        except UsageError as exc:
+            raise Denied(404, str(exc)) from None
+
+
+def job_issuer(settings: dict) -> TeamIdentityIssuer:
+    """The issuer of a node whose node.json has ``azure.team_client_ids`` (infra.azure.stack)."""
+    ids = (settings.get("azure") or {}).get("team_client_ids") or {}
+    if not ids:
+        raise UsageError("credentials serve: no team identities: run on a node whose node.json has "
+                         "azure.team_client_ids")
+    return TeamIdentityIssuer(ids, settings)
+
+
+def instance_facts() -> dict[str, str]:
+    """Nothing: a job's process on Azure asks the metadata service for nothing (its metrics carry the group)."""
+    return {}

@@ -345,8 +345,10 @@ def vm_body(node: str, index: int, partition: dict, tags: dict, nic_id: str) -> 
             properties.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
         if partition.get("scale_set_id"):
             properties["virtualMachineScaleSet"] = {"id": partition["scale_set_id"]}
+    # the node's identity and each team's, whose tokens its credentials daemon gives the team's jobs
+    identities = {i: {} for i in (partition["identity_id"], *partition.get("team_identity_ids", ()))}
     body = {"location": partition["location"], "tags": tags, "properties": properties,
-            "identity": {"type": "UserAssigned", "userAssignedIdentities": {partition["identity_id"]: {}}}}
+            "identity": {"type": "UserAssigned", "userAssignedIdentities": identities}}
     if partition.get("plan"):  # a marketplace image with a plan (publisher, product, name)
         body["plan"] = partition["plan"]
     return body

@@ -32,6 +32,7 @@ import re
 import secrets
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,12 +53,17 @@ log = logging.getLogger("gpufleet.credentials")
 DIR = "/run/gpufleet/credentials"
 INSTANCE = f"{DIR}/instance.json"  # the instance's id and type, for jobs (serve writes it; 0644)
 HOST, PORT, PATH = "127.0.0.1", 51680, "/v1/credentials"
+# Azure: the App Service managed-identity protocol, which azure-identity (and MSAL) speak where IDENTITY_ENDPOINT and
+# IDENTITY_HEADER are set: GET <endpoint>?api-version=2019-08-01&resource=R with X-IDENTITY-HEADER: <token>
+AZURE_PATH, AZURE_API, AZURE_HEADER = "/msi/token", "2019-08-01", "X-IDENTITY-HEADER"
+SECRET_PATH = "/v1/secret"  # Azure: a Key Vault secret of the job's team, read for it by the node (?name=N)
 TOKEN = re.compile(r"([0-9]+)\.[A-Za-z0-9_-]{43}")
 SLURM_ID = re.compile(r"[0-9]+")
 RENEW_BEFORE_S = 20 * 60   # botocore asks again 15 minutes before expiry: hand out nothing closer to it
 RECORD_WAIT_S = 30.0        # how long the Prolog waits for the bridge to name the Slurm job in the record
 
-Issuer = Callable[[str, str, str], "tuple[dict, float]"]  # (team, job id, session name) -> (credentials, expiry)
+# (team, job id, session name[, resource: Azure]) -> (credentials document, expiry)
+Issuer = Callable[..., "tuple[dict, float]"]
 
 
 class Denied(Exception):
@@ -131,37 +137,57 @@ def remove_grant(directory: Path, slurm_id: str) -> None:
 
 
 class Broker:
-    """The credentials of granted jobs, one issue per job until it nears expiry."""
+    """The credentials of granted jobs, one issue per job (and, on Azure, per resource) until it nears expiry.
+    ``path``: where the endpoint answers (PATH; AZURE_PATH for an Azure issuer, which takes the resource)."""
 
-    def __init__(self, directory: Path, issuer: Issuer, clock: Callable[[], float] = time.time):
-        self.dir, self.issuer, self.clock = Path(directory), issuer, clock
-        self._cache: dict[str, tuple[str, dict, float]] = {}  # slurm id -> (grant digest, document, expiry)
-        self._locks: dict[str, threading.Lock] = {}
+    def __init__(self, directory: Path, issuer: Issuer, clock: Callable[[], float] = time.time, path: str = PATH):
+        self.dir, self.issuer, self.clock, self.path = Path(directory), issuer, clock, path
+        self._cache: dict[tuple, tuple[str, dict, float]] = {}  # (slurm id, resource) -> (digest, document, expiry)
+        self._locks: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
 
-    def credentials(self, token: str) -> dict:
+    def grant_of(self, token: str) -> Grant:
+        """The grant a job's token holds; Denied (401 not a token, 403 no such grant or another token)."""
         m = TOKEN.fullmatch(token or "")
         if m is None:
             raise Denied(401, "no token, or not a token")
         grant = read_grant(self.dir, m[1])
         if grant is None or not hmac.compare_digest(grant.digest, digest(token)):
             raise Denied(403, f"Slurm job {m[1]}: no such grant on this node, or another token")
+        return grant
+
+    def credentials(self, token: str, resource: str | None = None) -> dict:
+        grant = self.grant_of(token)
+        key = (grant.slurm_id, resource)
         with self._lock:
-            lock = self._locks.setdefault(grant.slurm_id, threading.Lock())
+            lock = self._locks.setdefault(key, threading.Lock())
         with lock:  # a job's ranks asking at once: one issue
-            cached = self._cache.get(grant.slurm_id)
+            cached = self._cache.get(key)
             if cached and cached[0] == grant.digest and cached[2] - self.clock() > RENEW_BEFORE_S:
                 return cached[1]
-            document, expires = self.issuer(grant.team, grant.job_id, grant.slurm_id)
-            log.info("job %s of team %s (Slurm job %s): credentials until %s", grant.job_id, grant.team,
-                     grant.slurm_id, document.get("Expiration"))
+            asked = (grant.team, grant.job_id, grant.slurm_id) + ((resource,) if resource is not None else ())
+            document, expires = self.issuer(*asked)
+            log.info("job %s of team %s (Slurm job %s): credentials%s until %s", grant.job_id, grant.team,
+                     grant.slurm_id, f" for {resource}" if resource else "",
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)))
             with self._lock:
                 now = self.clock()
-                for sid in [s for s, (_, _, exp) in self._cache.items() if exp <= now]:
-                    self._cache.pop(sid, None)
-                    self._locks.pop(sid, None)
-                self._cache[grant.slurm_id] = (grant.digest, document, expires)
+                for k in [k for k, (_, _, exp) in self._cache.items() if exp <= now]:
+                    self._cache.pop(k, None)
+                    self._locks.pop(k, None)
+                self._cache[key] = (grant.digest, document, expires)
             return document
+
+    def secret(self, token: str, name: str) -> str:
+        """A Key Vault secret for the job holding ``token``, read by the issuer with the node's identity (Azure:
+        only its team's, ``<team>-...``; the issuer refuses the rest)."""
+        grant = self.grant_of(token)
+        reader = getattr(self.issuer, "secret", None)
+        if reader is None:
+            raise Denied(404, "this node's jobs read their secrets with their own credentials")
+        value = reader(grant.team, name)
+        log.info("job %s of team %s (Slurm job %s): secret %s read", grant.job_id, grant.team, grant.slurm_id, name)
+        return value
 
 
 def serve(broker: Broker, host: str = HOST, port: int = PORT) -> ThreadingHTTPServer:
@@ -171,10 +197,20 @@ def serve(broker: Broker, host: str = HOST, port: int = PORT) -> ThreadingHTTPSe
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            if self.path != PATH:
-                return self._answer(404, {"message": f"not found; ask {PATH}"})
+            url = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(url.query))
             try:
-                return self._answer(200, broker.credentials(self.headers.get("Authorization", "")))
+                if url.path == broker.path == PATH and not url.query:
+                    return self._answer(200, broker.credentials(self.headers.get("Authorization", "")))
+                if url.path == broker.path == AZURE_PATH:
+                    if query.get("api-version") != AZURE_API or not query.get("resource"):
+                        raise Denied(400, f"expected api-version={AZURE_API} and a resource")
+                    return self._answer(200, broker.credentials(self.headers.get(AZURE_HEADER, ""),
+                                                                query["resource"]))
+                if url.path == SECRET_PATH and broker.path == AZURE_PATH and query.get("name"):
+                    value = broker.secret(self.headers.get(AZURE_HEADER, ""), query["name"])
+                    return self._answer(200, {"value": value})
+                return self._answer(404, {"message": f"not found; ask {broker.path}"})
             except Denied as exc:
                 log.warning("credentials refused (%d): %s", exc.status, exc)
                 return self._answer(exc.status, {"message": str(exc)})
@@ -230,7 +266,8 @@ def job_of(slurm_id: str, bridge_user: str | None, records_of: Callable[[str], R
         sleep(0.5)
 
 
-JOB_CLOUDS = {"aws": "s3://", "tencent": "cos://"}  # where jobs get keys of their own: the bucket's URI scheme
+# where jobs get credentials of their own -> the scheme of a bare bucket name (Azure's is its container URL)
+JOB_CLOUDS = {"aws": "s3://", "tencent": "cos://", "azure": ""}
 
 
 def settings_of(args) -> dict:
@@ -265,10 +302,8 @@ def main(argv: list[str]) -> int:
         return 0
     cloud = settings.get("cloud") or "aws"
     own = settings[cloud]
-    if cloud not in JOB_CLOUDS:
-        raise UsageError(f"credentials: jobs get credentials of their own on {' and '.join(JOB_CLOUDS)} nodes; "
-                         f"node.json names {cloud}")
-    if not own.get("bucket") or not settings.get("region"):
+    bucket = own.get("bucket") or settings.get("bucket")
+    if not bucket or not settings.get("region"):
         raise UsageError("credentials: no bucket or region: give --bucket and --region, or run on a node whose "
                          "node.json has them")
     if args.action == "prolog":
@@ -278,13 +313,12 @@ def main(argv: list[str]) -> int:
             raise UsageError("credentials prolog: SLURM_JOB_ID and SLURM_JOB_UID must be set (Slurm's Prolog)")
         uid = int(env["SLURM_JOB_UID"])
         gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else uid
-        bucket = own["bucket"] if "://" in own["bucket"] else JOB_CLOUDS[cloud] + own["bucket"]
-        records = partial(RecordStore.of_bucket, bucket)
+        records = partial(RecordStore.of_bucket, bucket if "://" in bucket else JOB_CLOUDS[cloud] + bucket)
         team, job_id = job_of(slurm_id, args.bridge_user, records)
         write_grant(Path(args.dir), slurm_id, team, job_id, uid, gid)
         log.info("Slurm job %s is job %s of team %s: granted", slurm_id, job_id, team)
         return 0
-    if not own.get("job_role_arn"):
+    if cloud != "azure" and not own.get("job_role_arn"):
         raise UsageError(f"credentials serve: no job role: give --role-arn, or run on a node whose node.json has "
                          f"{cloud}.job_role_arn")
     provider = adapter(cloud)
@@ -292,7 +326,8 @@ def main(argv: list[str]) -> int:
     facts = provider.instance_facts() if settings.get("cloud") else {}  # only where node.json names the cloud
     if facts:  # what the metadata service no longer tells a job (its metrics' InstanceId, its instance type)
         _write_new(Path(INSTANCE), json.dumps(facts).encode(), 0o644)
-    server = serve(Broker(Path(args.dir), provider.job_issuer(settings)), port=args.port)
-    log.info("job credentials on http://%s:%d%s", HOST, server.server_address[1], PATH)
+    path = AZURE_PATH if cloud == "azure" else PATH
+    server = serve(Broker(Path(args.dir), provider.job_issuer(settings), path=path), port=args.port)
+    log.info("job credentials on http://%s:%d%s", HOST, server.server_address[1], path)
     server.serve_forever()
     return 0

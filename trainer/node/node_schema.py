@@ -18,7 +18,8 @@ Two optional parts serve a Slurm node (checked here for node.json and for the co
 
 An AWS node also has ``aws``: ``{"job_role_arn", "bucket"}``: the role its credentials daemon assumes for each job
 (narrowed to the job's prefix of the bucket), and that bucket's name; neither is a secret. A Tencent node has the
-same two keys in its ``tencent`` object (the job role as ``qcs::cam::uin/<uin>:roleName/<name>``).
+same two keys in its ``tencent`` object (the job role as ``qcs::cam::uin/<uin>:roleName/<name>``). An Azure node
+has ``azure.team_client_ids``: each team's user-assigned identity, whose tokens its jobs get.
 
 controller.json (``check_controller``, ``load_controller``) is the controller's: the bridge's settings, the
 Slurm state directory, its own ``slurm`` object and ``mounts``, and the cloud's own keys as node.json has them.
@@ -211,6 +212,11 @@ def check(node, complete: bool = False) -> dict:
         vault = (own or {}).get("key_vault") if cloud == "azure" else None
         if vault is not None and not (isinstance(vault, str) and vault):
             raise ValueError(f"node.azure.key_vault: expected a Key Vault name or null, got {_kind(vault)}")
+        ids = (own or {}).get("team_client_ids") if cloud == "azure" else None
+        if ids is not None and not (isinstance(ids, dict) and ids and all(
+                isinstance(t, str) and _PARTITION.match(t) and isinstance(c, str) and _WORD.match(c)
+                for t, c in ids.items())):
+            raise ValueError("node.azure.team_client_ids: expected {team name: the client id of its identity}")
         role = (own or {}).get("job_role_arn") if cloud == "tencent" else None
         if role is not None and not (isinstance(role, str) and _CAM_ROLE.match(role)):
             raise ValueError(f"node.tencent.job_role_arn: {role!r} is not allowed; expected a CAM role, "

@@ -259,7 +259,9 @@ def test_node_custom_data_is_the_cloud_config_of_a_slurm_node(azure_run):
     assert node["mounts"] == [{"source": o["homeShare"], "target": "/home", "type": "aznfs",
                                "options": derive.MOUNT_OPTIONS}]
     assert node["azure"] == {"client_id": o["identityClientId"], "resource_group": "gpufleet-azure-nodes",
-                             "subscription_id": o["controllerId"].split("/")[2], "key_vault": o["keyVault"]}
+                             "subscription_id": o["controllerId"].split("/")[2], "key_vault": o["keyVault"],
+                             "team_client_ids": o["teamIdentityClientIds"]}  # its jobs' identities, by team
+    assert set(o["teamIdentityClientIds"]) == {"default"}
     assert (node["registry"], node["bucket"]) == (o["registry"], o["containerUrl"])
     assert not {"mode", "node_count", "queue_url"} & set(node)  # Slurm's partitions; a node polls no queue
 
@@ -419,7 +421,14 @@ def test_each_identity_holds_its_roles_on_the_resources_it_needs_only(azure_run)
     secret, vault, registry = run.one(SECRET).id, run.one(VAULT).id, run.one(ACR).id
     nodes_group = next(g.id for g in run.of_type(RG) if g.inputs["resourceGroupName"] == "gpufleet-azure-nodes")
     guid = {r.inputs["roleName"].split()[3]: r.inputs["roleDefinitionId"] for r in run.of_type(ROLE_DEF)}
+    team = by_name["gpufleet-azure-team-default"]  # the default team's jobs' identity
+    (jobs_blobs,) = [r.inputs for r in run.of_type(ROLE) if r.inputs.get("condition")]
+    team_principal = jobs_blobs["principalId"]
+    assert team_principal not in (nodes_principal, ctl_principal)
     assert _grants(run) == {
+        (team_principal, guid["job-blobs"], container),   # under a condition: its team's prefix
+        (team_principal, ACR_PULL, registry),
+        (ctl_principal, derive.MANAGED_IDENTITY_OPERATOR, team.id),
         (nodes_principal, derive.STORAGE_BLOB_DATA_CONTRIBUTOR, container),
         (nodes_principal, ACR_PULL, registry),
         (nodes_principal, SECRETS_USER, vault),        # the secrets jobs name in their env
@@ -433,6 +442,7 @@ def test_each_identity_holds_its_roles_on_the_resources_it_needs_only(azure_run)
         (ctl_principal, guid["munge-keeper"], secret),
     }
     assert ctl.id in run.one(VM).inputs["identity"]["userAssignedIdentities"]
+    assert jobs_blobs["condition"] == derive.job_blob_condition("default") and jobs_blobs["conditionVersion"] == "2.0"
     for r in run.of_type(ROLE):
         assert r.inputs["principalType"] == "ServicePrincipal"
         assert re.fullmatch(r"/subscriptions/[0-9a-f-]+/providers/Microsoft.Authorization/roleDefinitions/[0-9a-f-]+",
@@ -442,9 +452,9 @@ def test_each_identity_holds_its_roles_on_the_resources_it_needs_only(azure_run)
 
 def test_custom_roles_are_narrow_and_assignable_only_where_they_are_used(azure_run):
     roles = {r.inputs["roleName"].split()[3]: r.inputs for r in azure_run.of_type(ROLE_DEF)}
-    assert set(roles) == {"node-launcher", "subnet-joiner", "munge-keeper"}
+    assert set(roles) == {"node-launcher", "subnet-joiner", "munge-keeper", "job-blobs"}
     want = {"node-launcher": (derive.NODE_LAUNCH_ACTIONS, ()), "subnet-joiner": (derive.SUBNET_JOIN_ACTIONS, ()),
-            "munge-keeper": ((), derive.MUNGE_KEEPER_DATA_ACTIONS)}
+            "munge-keeper": ((), derive.MUNGE_KEEPER_DATA_ACTIONS), "job-blobs": ((), derive.JOB_BLOB_DATA_ACTIONS)}
     groups = {g.inputs["resourceGroupName"]: g.id for g in azure_run.of_type(RG)}
     for name, role in roles.items():
         (perm,) = role["permissions"]
@@ -644,6 +654,7 @@ def test_each_team_has_its_queue_and_its_entra_group_reaches_only_its_own():
     (blobs,) = [g for g in groups if g["scope"] == run.one(CONTAINER).id]
     assert blobs["conditionVersion"] == "2.0" and blobs["condition"] == derive.submit_blob_condition("nlp")
     assert all("condition" not in g for g in groups if g is not blobs)
+    assert all(r.parent_type.startswith("gpufleet:azure:") for r in run.resources if r.type.startswith("azure-native:"))
     with pytest.raises(ConfigError, match=r"teams\.0\.azureGroup.*only an Azure stack's teams have an Entra group"):
         stack_config("dev", teams=[{"name": "nlp", "azureGroup": NLP_GROUP}])
     with pytest.raises(ConfigError, match=r"teams\.1\.azureGroup"):

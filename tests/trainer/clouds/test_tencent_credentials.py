@@ -1,7 +1,8 @@
 """A job's own Tencent Cloud key (trainer.clouds.tencent_credentials, served by trainer.node.jobcreds): the CAM
 policy STS gets, the AssumeRole call against a fake of STS written from Tencent's documentation
 (tests/trainer/fake_tencent.py), and a job's process that, with nothing but the TaskProlog's variables, gets its
-key from the node's loopback endpoint and writes its checkpoint through the trainer's COS store (moto's S3 server standing in for COS's S3 API)."""
+key from the node's loopback endpoint and writes its checkpoint through the trainer's COS store (moto's S3 server
+standing in for COS's S3 API)."""
 from __future__ import annotations
 
 import json
@@ -134,7 +135,7 @@ def test_a_refused_token_or_an_endpoint_off_loopback_is_never_a_key(endpoint):
 
 
 def test_the_nodes_daemon_is_told_in_one_line_what_it_lacks(tmp_path):
-    """`credentials serve|prolog` on a Tencent node without the job role, and on an Azure node (no per-job keys)."""
+    """`credentials serve` on a Tencent node without the job role, and on an Azure node without team identities."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     node = tmp_path / "node.json"
     code = ("import sys; from trainer.node import node_schema; node_schema.PATH = sys.argv[1]\n"
@@ -143,9 +144,9 @@ def test_the_nodes_daemon_is_told_in_one_line_what_it_lacks(tmp_path):
             ("tencent", {"app_id": APP_ID, "role_name": "n", "cos_endpoint": "x", "bucket": BUCKET},
              "error: credentials serve: no job role: give --role-arn, or run on a node whose node.json has "
              "tencent.job_role_arn"),
-            ("azure", {}, "error: credentials: jobs get credentials of their own on aws and tencent nodes; "
-                          "node.json names azure")):
-        node.write_text(json.dumps({"cloud": cloud, "region": REGION, cloud: own}))
+            ("azure", {"client_id": "cid"}, "error: credentials serve: no team identities: run on a node whose "
+                                            "node.json has azure.team_client_ids")):
+        node.write_text(json.dumps({"cloud": cloud, "region": REGION, "bucket": "cos://b", cloud: own}))
         done = subprocess.run([sys.executable, "-c", code, str(node), "serve", "--dir", str(tmp_path / "c")],
                               env=env, capture_output=True, text=True, cwd=REPO, timeout=60)
         assert done.returncode == 2 and done.stderr.splitlines() == [expected], done.stderr

@@ -24,6 +24,7 @@ SCALE_SET = f"{RGID}/Microsoft.Compute/virtualMachineScaleSets/gpufleet-t-gpu"
 SUBNET = f"{RGID}/Microsoft.Network/virtualNetworks/gpufleet-t/subnets/nodes"
 IMAGE = f"{RGID}/Microsoft.Compute/galleries/gpufleet/images/node/versions/2026.12.1"
 IDENTITY = f"{RGID}/Microsoft.ManagedIdentity/userAssignedIdentities/gpufleet-t-nodes"
+TEAM_IDENTITY = f"{RGID}/Microsoft.ManagedIdentity/userAssignedIdentities/gpufleet-t-team-vision"
 DES = f"{RGID}/Microsoft.Compute/diskEncryptionSets/gpufleet-t"
 CUSTOM_DATA = base64.b64encode(b"#cloud-config\nruncmd: [[python3, -m, trainer, setup]]\n").decode()
 SIZE = "Standard_ND96isr_H100_v5"
@@ -32,7 +33,8 @@ SIZE = "Standard_ND96isr_H100_v5"
 def config(stack_tag: str = "t", **partition) -> dict:
     gpu = {"instance_types": [SIZE], "vm_size": SIZE, "spot": True, "on_demand_base": 1, "gang": False,
            "subscription_id": SUB, "resource_group": RG, "location": "westeurope", "scale_set_id": SCALE_SET,
-           "subnet_id": SUBNET, "image": IMAGE, "identity_id": IDENTITY, "admin_username": "gpufleet",
+           "subnet_id": SUBNET, "image": IMAGE, "identity_id": IDENTITY, "team_identity_ids": [TEAM_IDENTITY],
+           "admin_username": "gpufleet",
            "ssh_public_key": "ssh-ed25519 AAAAC3Nza test@gpufleet", "disk_encryption_set_id": DES,
            "custom_data": CUSTOM_DATA, "os_disk_gb": 256, **partition}
     return {"provider": "azure", "cloud": "azure", "stack": "t", "region": "westeurope",
@@ -153,7 +155,9 @@ def test_resume_creates_one_vm_per_node_in_the_scale_set_and_tells_slurm_its_add
             {"path": "/home/gpufleet/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAAC3Nza test@gpufleet"}]}}
         assert "adminPassword" not in os_profile
         assert props["securityProfile"] == {"encryptionAtHost": True}
-        assert body["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {IDENTITY: {}}}
+        # the node's identity and each team's (its jobs get that one's tokens from the node)
+        assert body["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {IDENTITY: {},
+                                                                                       TEAM_IDENTITY: {}}}
         assert body["tags"] == {"gpufleet-stack": "t", "data-classification": "internal", "team": "ml",
                                 "gpufleet-slurm-node": node}
         (nic_ref,) = props["networkProfile"]["networkInterfaces"]
