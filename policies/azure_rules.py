@@ -1,6 +1,7 @@
 """Azure guardrails: storage accounts, VMs and scale sets (SSH keys only, encryption at host), where a Slurm
 partition's VMs go (a Flexible scale set, or one availability set for a multi-node InfiniBand gang), the Slurm
-controller's hardening, public IPs (a NAT gateway's outbound address only), network security groups, Key Vaults.
+controller's hardening, public IPs (a NAT gateway's outbound address only), network security groups, Key Vaults,
+and a team's people held to their team's prefix of the blob container.
 
 On Azure the GPU nodes are Slurm CLOUD nodes the controller creates as VMs: each Slurm partition is a
 `gpufleet:azure:Partition` component whose properties say what it is and whose child is the group its VMs join,
@@ -19,7 +20,8 @@ from policies.common import (UNKNOWN, Resource, Stack, flag, get, items, number,
                              type_chain)
 from policies.gpu import is_gang, partition_label, partition_types
 from policies.tokens import (AZ_AVSET, AZ_CONTAINER, AZ_CONTROLLER, AZ_KEY_VAULT, AZ_NAT_GATEWAY, AZ_NIC, AZ_NSG,
-                             AZ_PARTITION, AZ_PUBLIC_IP, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VM, AZ_VMSS)
+                             AZ_PARTITION, AZ_PUBLIC_IP, AZ_ROLE_ASSIGNMENT, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VM,
+                             AZ_VMSS)
 
 INTERNET = ("*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0")
 TLS_OK = ("TLS1_2", "TLS1_3")
@@ -81,6 +83,21 @@ def check_vault_no_public_access(props: dict, ctx):
         return
     yield (f"properties.publicNetworkAccess is {public or 'Enabled (unset)'} and networkAcls.defaultAction is "
            f"{default_action or 'Allow (unset)'}")
+
+
+CONTAINER_SCOPE = "/blobServices/default/containers/"
+PEOPLE = ("Group", "User", "ForeignGroup")
+
+
+def check_people_on_a_container_conditioned(props: dict, ctx):
+    """A role a group or user holds on a blob container carries a condition (a team's Entra group is held to
+    ``teams/<team>/``: infra.azure.derive.submit_blob_condition); the machines' own identities are others'."""
+    scope, kind, condition = props.get("scope"), props.get("principalType"), props.get("condition")
+    if UNKNOWN in (scope, kind, condition) or kind not in PEOPLE or not isinstance(scope, str):
+        return
+    if CONTAINER_SCOPE in scope and not condition:
+        yield (f"a {kind} holds a role on the whole container {scope.rsplit('/', 1)[-1]}, with no condition holding "
+               "it to a team's prefix")
 
 
 # --- VMs and scale sets -------------------------------------------------------------------------------
@@ -357,6 +374,14 @@ POLICIES = [
         types=[AZ_KEY_VAULT], severity="high", frameworks=["CIS", "HIPAA"], check=check_vault_rbac_purge_protected,
         remediation="Set properties.enableRbacAuthorization, enableSoftDelete and enablePurgeProtection true and "
                     "grant readers 'Key Vault Secrets User' on the vault."),
+    resource_policy(
+        "azure-authorization-team-container-role-conditioned",
+        "A role a group or user holds on a blob container is held to the team's prefix by a condition.",
+        types=[AZ_ROLE_ASSIGNMENT], severity="high", frameworks=["CIS", "GDPR"],
+        check=check_people_on_a_container_conditioned,
+        remediation="Give the assignment condition (version 2.0) holding reads, writes and listings to "
+                    "'teams/<team>/' (infra.azure.derive.submit_blob_condition), or name the team's group in "
+                    "gpufleet:teams[].azureGroup and let the stack assign it."),
     resource_policy(
         "azure-keyvault-vault-no-public-access", "Key Vaults deny the public network (disabled or deny by default).",
         types=[AZ_KEY_VAULT], severity="high", frameworks=["CIS", "GDPR"], check=check_vault_no_public_access,

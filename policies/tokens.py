@@ -82,6 +82,7 @@ AZ_PRIVATE_ZONE = "azure-native:privatedns:PrivateZone"
 AZ_KEY_VAULT = "azure-native:keyvault:Vault"
 AZ_SECRET = "azure-native:keyvault:Secret"
 AZ_REGISTRY = "azure-native:containerregistry:Registry"
+AZ_ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 
 # gpufleet's Azure components (infra/azure): a Slurm partition, whose properties are {partition, vmSize,
 # instanceTypes, maxNodes, alwaysOn, spot, onDemandBase, gang, gpusPerNode, infiniband, placement} and whose child

@@ -133,6 +133,7 @@ VM = "azure-native:compute:VirtualMachine"
 AZ_PARTITION = "gpufleet:azure:Partition"
 AZ_CONTROLLER = "gpufleet:azure:Controller"
 NSG = "azure-native:network:NetworkSecurityGroup"
+AZ_ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 COS = "tencentcloud:Cos/bucket:Bucket"
 TC_LAUNCH_TEMPLATE = "tencentcloud:Cvm/launchTemplate:LaunchTemplate"
 TC_PARTITION = "gpufleet:tencent:Partition"
@@ -333,6 +334,12 @@ ALONE = [
           one("azure-keyvault-vault-no-public-access")),
     Alone("aws-any-resource-cost-tags", "prod", QUEUE, {"kmsMasterKeyId": KEY},
           one("aws-any-resource-cost-tags", "aws-sqs-job-queue-one-sender")),
+    Alone("azure-authorization-team-container-role-conditioned", "azure", AZ_ROLE_ASSIGNMENT, {
+        "principalId": "0b5e9a52-7c1d-4f7e-9a3b-2f6d8c4e1a90", "principalType": "Group",
+        "roleDefinitionId": "/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/r",
+        "scope": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/a/blobServices/"
+                 "default/containers/checkpoints"},
+          one("azure-authorization-team-container-role-conditioned")),
     Alone("azure-any-resource-cost-tags", "azure", NSG, {"resourceGroupName": "rg", "securityRules": []},
           one("azure-any-resource-cost-tags")),
     # --- Tencent: a bucket alone also lacks its TLS-only bucket policy -----------------------------------

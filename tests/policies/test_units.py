@@ -284,3 +284,23 @@ def test_cam_launch_gaps():
         "cvm:TerminateInstances without a string_equal qcs:resource_tag condition on gpufleet-stack&<stack>",
         "cam:PassRole on *, not named roles"]
     assert cam_launch_gaps({**everything, "effect": "deny"}) == []
+
+
+CONTAINER = ("/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/a/blobServices/default/"
+             "containers/checkpoints")
+
+
+@pytest.mark.parametrize("props, flagged", [
+    ({"principalType": "Group", "scope": CONTAINER}, True),                   # a team's people on every prefix
+    ({"principalType": "User", "scope": CONTAINER, "condition": ""}, True),
+    ({"principalType": "Group", "scope": CONTAINER, "condition": "(@Request[x] StringStartsWith 'teams/a/')"}, False),
+    ({"principalType": "ServicePrincipal", "scope": CONTAINER}, False),      # the machines' own identities
+    ({"principalType": "Group", "scope": CONTAINER.rsplit("/blobServices", 1)[0] + "/queueServices/default/queues/jobs"},
+     False),                                                                 # a queue: a team's own already
+    ({"principalType": "Group", "scope": CONTAINER, "condition": UNKNOWN}, False),  # known at apply
+])
+def test_a_teams_people_on_the_container_are_held_to_its_prefix(props, flagged):
+    from policies.azure_rules import check_people_on_a_container_conditioned
+
+    found = list(check_people_on_a_container_conditioned(props, None))
+    assert bool(found) == flagged and all("no condition holding it to a team's prefix" in f for f in found)

@@ -71,6 +71,10 @@ def set_path(name: str, path: tuple, value) -> Callable[[f.Stack], None]:
     return change
 
 
+CONTAINER_SCOPE = ("/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts/a/blobServices/"
+                   "default/containers/checkpoints")
+
+
 def add(type_: str, name: str, values: dict, deps: Optional[dict[str, list[str]]] = None):
     def change(s: f.Stack) -> None:
         s.add(type_, name, values, deps={k: [s.get(n) for n in v] for k, v in (deps or {}).items()})
@@ -710,6 +714,15 @@ CASES = [
     Case("vault-network-unknown", "azure", edit("vault", properties=f.vault_properties(
         publicNetworkAccess=f.UNKNOWN, networkAcls=f.UNKNOWN))),
     # --- Azure ------------------------------------------------------------------------------------
+    Case("az-team-on-every-prefix", "azure", add("azure-native:authorization:RoleAssignment", "nlp-blobs", {
+        "principalId": "0b5e9a52-7c1d-4f7e-9a3b-2f6d8c4e1a90", "principalType": "Group",
+        "roleDefinitionId": "/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/r",
+        "scope": CONTAINER_SCOPE}), ("azure-authorization-team-container-role-conditioned",), on="nlp-blobs"),
+    Case("az-team-on-its-prefix", "azure", add("azure-native:authorization:RoleAssignment", "nlp-blobs", {
+        "principalId": "0b5e9a52-7c1d-4f7e-9a3b-2f6d8c4e1a90", "principalType": "Group",
+        "roleDefinitionId": "/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/r",
+        "scope": CONTAINER_SCOPE, "condition": "(@Request[x] StringStartsWith 'teams/nlp/')",
+        "conditionVersion": "2.0"})),
     Case("az-http", "azure", edit(AZ_SA, enableHttpsTrafficOnly=False), ("azure-storage-account-https-only",),
          on=AZ_SA),
     Case("az-tls10", "azure", edit(AZ_SA, minimumTlsVersion="TLS1_0"), ("azure-storage-account-min-tls",), on=AZ_SA),
