@@ -3,6 +3,7 @@ a sweep (one job array) of the built-in GPT, a spot notice and the resume on the
 middle of it."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,10 @@ from infra.demo.cli import Display, UsageError, job_table, parse_args, summary_t
 from infra.demo.account import descendants
 
 ROOT = Path(__file__).resolve().parents[3]
-SMALL = ["--jobs", "3", "--steps", "200", "--timeout", "900"]  # 15-60 s of training per job here: the last job
-# of the sweep runs alone for long enough (MIN_LEFT_S) however fast the machine is
+# The last job of the sweep runs alone for the demo's spot notice: at 200 steps it ran for 12.9 s here once,
+# under MIN_LEFT_S (12 s of training left when it is picked), and no notice was sent; 300 steps leave it ~19 s.
+# The demo's own limit comes before the test's, so that a stuck demo says where it stuck and stops its box.
+SMALL = ["--jobs", "3", "--steps", "300", "--timeout", "420"]
 
 
 @pytest.fixture
@@ -36,10 +40,23 @@ def demo_tmp():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def demo(args: list[str], tmp: Path, **kw) -> subprocess.Popen:
+@contextlib.contextmanager
+def demo(args: list[str], tmp: Path, **kw) -> Iterator[subprocess.Popen]:
+    """The demo running; a demo still running when the test ends (it failed or timed out) is stopped as Ctrl-C
+    stops it, its box with it, and killed if that takes over a minute."""
     env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "160"}
-    return subprocess.Popen([sys.executable, "-m", "infra.demo", *args], cwd=ROOT, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "infra.demo", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
 
 
 def test_arguments(tmp_path):
@@ -70,8 +87,8 @@ def test_help_lists_the_defaults_and_bad_flags_exit_2():
 
 def test_a_ddp_job_and_a_sweep_on_slurm_survive_a_spot_interruption(tmp_path, demo_tmp):
     summary_file = tmp_path / "summary.json"
-    proc = demo([*SMALL, "--summary-json", str(summary_file)], demo_tmp)
-    out, _ = proc.communicate(timeout=1200)
+    with demo([*SMALL, "--summary-json", str(summary_file)], demo_tmp) as proc:
+        out, _ = proc.communicate(timeout=540)
     assert proc.returncode == 0, out[-3000:]
     s = json.loads(summary_file.read_text())
     assert s["ok"] and s["failures"] == []
@@ -115,30 +132,30 @@ def _name(pid: int) -> str:
 
 
 def test_ctrl_c_stops_everything_and_leaves_nothing(demo_tmp):
-    proc = demo(SMALL, demo_tmp)
-    lines: list[str] = []
-    training = threading.Event()
+    with demo(SMALL, demo_tmp) as proc:
+        lines: list[str] = []
+        training = threading.Event()
 
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            if "running on gpu-" in line:
-                training.set()
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert training.wait(400), "".join(lines)[-3000:]
-    started = {pid: start_time(pid) for pid in descendants(proc.pid)}
-    names = {_name(pid) for pid in started}
-    # the box's supervisor took in the daemons (a subreaper): slurmd and its slurmstepd are below the demo too
-    assert {"moto", "munged", "slurmctld", "slurmd", "slurmstepd"} <= names, names
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(120) == 130
-    reader.join(10)
-    out = "".join(lines)
-    assert "Traceback" not in out and "interrupted" in out
-    left = [pid for pid, t in started.items() if t is not None and start_time(pid) == t]
-    assert left == [], f"processes left behind: {left}"
-    assert list(demo_tmp.iterdir()) == []
+        def read():
+            for line in proc.stdout:
+                lines.append(line)
+                if "running on gpu-" in line:
+                    training.set()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert training.wait(400), "".join(lines)[-3000:]
+        started = {pid: start_time(pid) for pid in descendants(proc.pid)}
+        names = {_name(pid) for pid in started}
+        # the box's supervisor took in the daemons (a subreaper): slurmd and its slurmstepd are below the demo too
+        assert {"moto", "munged", "slurmctld", "slurmd", "slurmstepd"} <= names, names
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+        reader.join(10)
+        out = "".join(lines)
+        assert "Traceback" not in out and "interrupted" in out
+        left = [pid for pid, t in started.items() if t is not None and start_time(pid) == t]
+        assert left == [], f"processes left behind: {left}"
+        assert list(demo_tmp.iterdir()) == []
 
 
 def test_the_live_table_and_the_summary_render():
