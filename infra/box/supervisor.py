@@ -39,7 +39,7 @@ from infra.demo.imds import FakeImds
 from infra.preview.__main__ import stack_file
 from trainer.node import metric_names
 from trainer.node.container import LAUNCHER_VARIABLE
-from trainer.slurm import accounts, users
+from trainer.slurm import accounts, setup, users
 from trainer.slurm.conf import render_gres_conf, render_slurm_conf
 from trainer.slurm.nodes import LocalProvider
 
@@ -120,10 +120,11 @@ class Supervisor:
         """Each team's work and output directory; where the box runs jobs as the teams' users (root: see
         trainer.slurm.users), those users made and their directories theirs (0700), and what their jobs must reach
         searchable or writable: the box's directory (0711, every directory above it searchable), slurm.conf, the
-        box's TMPDIR (1777) and its EMF file (appended by the teams' group, 0620), never the munge key, the
-        accounting, the bridge's env values or Slurm's state (0700); the directories above the checkout and its
-        environment searchable (a clone in a 0700 temporary directory is not); and the box's launcher of jobs' containers,
-        which the teams' users may run through sudo (:meth:`install_launcher`)."""
+        box's TMPDIR (1777) and its EMF file (appended by the teams' group, 0620), each user's home (as on a node,
+        /var/lib/gpufleet/teams/<team>, 0700), never the munge key, the accounting, the bridge's env values or
+        Slurm's state (0700); the directories above the checkout and its environment searchable (a clone in a 0700
+        temporary directory is not); and the box's launcher of jobs' containers, which the teams' users may run
+        through sudo (:meth:`install_launcher`)."""
         L = self.layout
         names = [t.name for t in self.teams]
         if not lay.team_users():
@@ -146,6 +147,9 @@ class Supervisor:
                 d.mkdir(parents=True, exist_ok=True)
                 os.chown(d, uid, uid)
                 os.chmod(d, 0o700)
+            # the team user's home, made as a node's setup makes it (a job's HOME: its caches and configs); like
+            # the users, it outlives the box
+            setup.make_private_dir(setup.System(), users.home_of(team), (uid, uid))
         self.install_launcher()
         for top in (REPO, Path(sys.prefix)):  # the checkout and its environment, which the teams' jobs run
             for above in (top, *top.parents):

@@ -269,6 +269,13 @@ out["sbatch"] = run("sbatch", "--account=nlp", "--parsable", "-o", "/dev/null", 
 out["scancel"] = run("scancel", os.environ["VICTIM"])
 out["sudo"] = run("sudo", "-n", "-u", "gpufleet-nlp", "true")
 out["their_files"] = os.access(os.environ["THEIR_DIR"], os.X_OK)
+home = pwd.getpwuid(os.getuid()).pw_dir
+try:
+    with open(os.path.join(home, ".probe"), "w") as f:
+        f.write("mine")
+    out["home"] = [home, "written"]
+except OSError as exc:
+    out["home"] = [home, str(exc)]
 print("TEAM " + json.dumps(out))
 """
 
@@ -276,7 +283,8 @@ print("TEAM " + json.dumps(out))
 def test_a_job_runs_as_its_teams_user_and_can_neither_submit_for_nor_cancel_another_team(box, tmp_path):
     """Issue 23, finding 6 (any job could cancel another team's job) and the teams' accounts: a job runs as its
     team's Unix user (the bridge submitted it as that user), which Slurm lets submit under its own account only and
-    cancel its own jobs only; it cannot become another team's user nor reach that team's files on the node."""
+    cancel its own jobs only; it cannot become another team's user nor reach that team's files on the node. Its
+    home (a node's /var/lib/gpufleet/teams/<team>) is its own to write."""
     victim = box.slurm("runuser", "-u", "gpufleet-nlp", "--", "sbatch", "--parsable", "--account=nlp", "-o",
                        "/dev/null", "--chdir=/", "--wrap=sleep 300").strip()
     try:
@@ -296,6 +304,7 @@ def test_a_job_runs_as_its_teams_user_and_can_neither_submit_for_nor_cancel_anot
         assert seen["sbatch"][0] != 0 and "Invalid account" in seen["sbatch"][1], seen
         assert seen["scancel"][0] != 0 and "Access/permission denied" in seen["scancel"][1], seen
         assert seen["sudo"][0] != 0 and seen["their_files"] is False, seen
+        assert seen["home"] == [users.home_of("vision"), "written"], seen  # its own HOME, as on a node
         assert box.slurm("squeue", "-h", "-j", victim, "-o", "%T %u").split() == ["RUNNING", "gpufleet-nlp"]
         sid = rec["slurm"]["id"]
         assert box.slurm("sacct", "-X", "-n", "-P", "-o", "User,Account", "-j", sid).split() == [
