@@ -1,7 +1,7 @@
 """Azure guardrails: storage accounts, VMs and scale sets (SSH keys only, encryption at host), where a Slurm
 partition's VMs go (a Flexible scale set, or one availability set for a multi-node InfiniBand gang), the Slurm
-controller's hardening, public IPs (a NAT gateway's outbound address only), network security groups, Key Vaults,
-and a team's people held to their team's prefix of the blob container.
+controller's hardening, public IPs (a NAT gateway's outbound address only), network security groups, the VNets'
+DNS security policy, Key Vaults, and a team's people held to their team's prefix of the blob container.
 
 On Azure the GPU nodes are Slurm CLOUD nodes the controller creates as VMs: each Slurm partition is a
 `gpufleet:azure:Partition` component whose properties say what it is and whose child is the group its VMs join,
@@ -19,9 +19,9 @@ from infra.catalog import CATALOG
 from policies.common import (UNKNOWN, Resource, Stack, flag, get, items, number, resource_policy, stack_policy,
                              type_chain)
 from policies.gpu import is_gang, partition_label, partition_types
-from policies.tokens import (AZ_AVSET, AZ_CONTAINER, AZ_CONTROLLER, AZ_KEY_VAULT, AZ_NAT_GATEWAY, AZ_NIC, AZ_NSG,
-                             AZ_PARTITION, AZ_PUBLIC_IP, AZ_ROLE_ASSIGNMENT, AZ_SECURITY_RULE, AZ_STORAGE, AZ_VM,
-                             AZ_VMSS)
+from policies.tokens import (AZ_AVSET, AZ_CONTAINER, AZ_CONTROLLER, AZ_DNS_POLICY_LINK, AZ_KEY_VAULT, AZ_NAT_GATEWAY,
+                             AZ_NIC, AZ_NSG, AZ_PARTITION, AZ_PUBLIC_IP, AZ_ROLE_ASSIGNMENT, AZ_SECURITY_RULE,
+                             AZ_STORAGE, AZ_VM, AZ_VMSS, AZ_VNET)
 
 INTERNET = ("*", "internet", "any", "0.0.0.0/0", "0.0.0.0", "::/0")
 TLS_OK = ("TLS1_2", "TLS1_3")
@@ -287,6 +287,15 @@ def check_public_ips(stack: Stack, ctx):
             yield f"{r.type.rsplit(':', 1)[-1]} '{r.name}': {found}", r.urn
 
 
+def check_dns_security_policy(stack: Stack, ctx):
+    """Every VNet the stack creates is linked to a DNS security policy (a VNet takes one): its VMs' queries to
+    Azure-provided DNS are filtered and logged."""
+    for vnet in stack.of(AZ_VNET):
+        if not stack.referrers(vnet, [AZ_DNS_POLICY_LINK], "virtualNetwork"):
+            yield (f"virtual network '{vnet.name}' is linked to no DNS security policy: a job can resolve any name, "
+                   f"and tunnel data out through DNS queries"), vnet.urn
+
+
 def _internet_sources(rule: dict) -> list[str]:
     sources = [rule.get("sourceAddressPrefix")] + items(rule.get("sourceAddressPrefixes"))
     return [s for s in sources if isinstance(s, str) and s.lower() in INTERNET]
@@ -364,6 +373,14 @@ POLICIES = [
         remediation="Remove the public IP from the network interface (or VM/scale set network configuration) and "
                     "give its subnet a NAT gateway whose publicIpAddresses name the address; reach VMs from the "
                     "VNet or through Azure Bastion."),
+    stack_policy(
+        "azure-network-vnet-dns-security-policy",
+        "VNets of the stack resolve names through a DNS security policy that filters and logs their queries.",
+        severity="medium", frameworks=["CIS", "GDPR", "HIPAA"], check=check_dns_security_policy,
+        remediation="Link an azure-native dnsresolver.DnsResolverPolicy to the VNet "
+                    "(DnsResolverPolicyVirtualNetworkLink with virtualNetwork.id of the VNet) whose rules allow the "
+                    "Azure service domains the nodes need and block every other domain ('.'), and send its "
+                    "DnsResponse logs to a Log Analytics workspace (infra.azure.dns_firewall)."),
     resource_policy(
         "azure-network-nsg-no-internet-inbound", "Network security groups allow nothing inbound from the internet.",
         types=[AZ_NSG, AZ_SECURITY_RULE], severity="critical", frameworks=["CIS"], check=check_nsg_inbound,

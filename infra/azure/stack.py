@@ -2,7 +2,8 @@
 
 The controller (slurmctld, the bridge, power saving) on its own VM, and, per partition, the group its GPU nodes
 join when slurmctld powers them up (the node provider creates and deletes the VMs); the shared file system, the
-munge key's secret, the job queue, the blob container, the registry and the monitoring around them.
+munge key's secret, the job queue, the blob container, the registry, the VNet's DNS firewall and the monitoring
+around them.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pulumi_azure_native import authorization
 
 from infra.azure import derive
 from infra.azure.controller import Controller, ControllerArgs, controller_user_data, encode
+from infra.azure.dns_firewall import DnsFirewall, DnsFirewallArgs
 from infra.azure.group import ResourceGroup
 from infra.azure.identity import Identity, IdentityArgs, custom_role, custom_role_id
 from infra.azure.monitoring import Monitoring, MonitoringArgs
@@ -44,6 +46,9 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
                                 tags=tags)
     net = Network("network", NetworkArgs(name=name, resource_group=group.group_name, location=location,
                                          controller_size=cfg.controller.instance_type, tags=tags))
+    dns = DnsFirewall("dns-firewall", DnsFirewallArgs(
+        name=name, resource_group=group.group_name, location=location, vnet_id=net.vnet.id,
+        classification=cfg.data_classification, tags=tags))
     store = Storage("storage", StorageArgs(
         account_name=derive.storage_account_name(cfg.stack, location), resource_group=group.group_name,
         location=location, subnet_ids=(net.subnet_id, net.controller_subnet_id), tags=tags))
@@ -130,6 +135,7 @@ def build_azure(cfg: StackConfig) -> dict[str, pulumi.Input]:
         "location": location,
         "vnetCidr": derive.VNET_CIDR,
         "subnetId": net.subnet_id,
+        "dnsQueryWorkspace": dns.workspace.name,
         "controllerSubnetId": net.controller_subnet_id,
         "storageAccount": store.account.name,
         "containerUrl": store.container_url,

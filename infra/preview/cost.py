@@ -108,8 +108,10 @@ EXCLUDED = {
            "registry storage, Secrets Manager API calls; the CloudWatch alarms",
     "azure": "usage-based charges: storage used (blobs, registry storage beyond what the tier includes), "
              "requests, data transfer, NAT gateway data processed at the price listed, private endpoint data "
-             "processing, private DNS queries, log and metric ingestion, Key Vault operations; the metric alert "
-             "rule (the controller down, billed per monitored time series) and its action group's notifications",
+             "processing, private DNS queries, the DNS security policy's queries and their log's Log Analytics "
+             "ingestion and retention (prices not known here), log and metric ingestion, Key Vault operations; the "
+             "metric alert rule (the controller down, billed per monitored time series) and its action group's "
+             "notifications",
     "tencent": "usage-based charges: COS storage and requests, CFS storage at the price listed, data transfer, CLS "
                "log ingestion, TDMQ CMQ requests; the Cloud Monitor alarm policies and their notifications; the "
                "munge key's SSM secret (billed per secret; the international site lists 0.4 USD per "

@@ -161,6 +161,13 @@ REPLACE_ON: dict[str, tuple[str, ...]] = {
     "azure-native:network:PrivateDnsZoneGroup": ("privateDnsZoneGroupName", "privateEndpointName"),
     "azure-native:privatedns:PrivateZone": ("privateZoneName",),
     "azure-native:privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateZoneName", "virtualNetwork"),
+    "azure-native:dnsresolver:DnsResolverPolicy": ("dnsResolverPolicyName",),
+    "azure-native:dnsresolver:DnsResolverDomainList": ("dnsResolverDomainListName",),
+    "azure-native:dnsresolver:DnsSecurityRule": ("dnsSecurityRuleName", "dnsResolverPolicyName"),
+    "azure-native:dnsresolver:DnsResolverPolicyVirtualNetworkLink": (
+        "dnsResolverPolicyVirtualNetworkLinkName", "dnsResolverPolicyName", "virtualNetwork"),
+    "azure-native:operationalinsights:Workspace": ("workspaceName",),
+    "azure-native:monitor:DiagnosticSetting": ("name", "resourceUri"),
     # tencentcloud (tencentcloud-iac-pulumi 0.2): the Terraform provider's ForceNew arguments as far as known
     # here (the Python SDK does not mark them); names a resource's API cannot change also replace.
     "tencentcloud:Vpc/instance:Instance": ("cidrBlock",),

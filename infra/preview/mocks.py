@@ -402,8 +402,10 @@ _AZURE_PROVIDER = {
     "keyvault": "Microsoft.KeyVault", "consumption": "Microsoft.Consumption",
     "costmanagement": "Microsoft.CostManagement", "dashboard": "Microsoft.Portal", "portal": "Microsoft.Portal",
     "containerregistry": "Microsoft.ContainerRegistry", "privatedns": "Microsoft.Network",
+    "dnsresolver": "Microsoft.Network",
 }
 # (name input, path under the resource group) for types whose id nests under a parent resource.
+_DNS_POLICY = "dnsResolverPolicies/{dnsResolverPolicyName}"
 _AZURE_NESTED = {
     "storage:BlobContainer": ("containerName", "storageAccounts/{accountName}/blobServices/default/containers/{}"),
     "storage:Queue": ("queueName", "storageAccounts/{accountName}/queueServices/default/queues/{}"),
@@ -417,11 +419,14 @@ _AZURE_NESTED = {
     "privatedns:VirtualNetworkLink": ("virtualNetworkLinkName", "privateDnsZones/{privateZoneName}/virtualNetworkLinks/{}"),
     "storage:FileShare": ("shareName", "storageAccounts/{accountName}/fileServices/default/shares/{}"),
     "keyvault:Secret": ("secretName", "vaults/{vaultName}/secrets/{}"),
+    "dnsresolver:DnsSecurityRule": ("dnsSecurityRuleName", _DNS_POLICY + "/dnsSecurityRules/{}"),
+    "dnsresolver:DnsResolverPolicyVirtualNetworkLink": ("dnsResolverPolicyVirtualNetworkLinkName",
+                                                        _DNS_POLICY + "/virtualNetworkLinks/{}"),
 }
 _AZURE_PARENT_NAMES = ("accountName", "virtualNetworkName", "networkSecurityGroupName", "privateEndpointName",
-                       "privateZoneName", "vaultName")
+                       "privateZoneName", "vaultName", "dnsResolverPolicyName")
 # Types whose name input is not the first input ending in "Name", and the path segments ARM spells irregularly.
-_AZURE_NAME_KEY = {"ActionGroup": "actionGroupName"}
+_AZURE_NAME_KEY = {"ActionGroup": "actionGroupName", "DiagnosticSetting": "name"}
 _AZURE_SEGMENT = {"PublicIPAddress": "publicIPAddresses"}
 
 
@@ -455,7 +460,7 @@ def _azure_resource(m: PreviewMocks, typ: str, name: str, inputs: dict) -> tuple
         tail = tail.replace("ys/", "ies/") if kind.endswith("y") else tail
         tail = f"{_AZURE_SEGMENT[kind]}/{rname}" if kind in _AZURE_SEGMENT else tail
     rg = inputs.get("resourceGroupName")
-    scope = f"{sub}/resourceGroups/{rg}" if rg else inputs.get("scope", sub)
+    scope = f"{sub}/resourceGroups/{rg}" if rg else inputs.get("scope") or inputs.get("resourceUri") or sub
     rid = f"{scope}/providers/{provider}/{tail}"
     out: dict[str, Any] = {"name": rname, "id": rid}
     if kind == "UserAssignedIdentity":

@@ -492,15 +492,45 @@ def azure_partition_group(s: Stack, part: dict, t: dict) -> dict:
         parent=part)
 
 
+def _azure_dns_policy(s: Stack, t: dict) -> None:
+    """The VNet and its DNS security policy: Azure's names allowed, the rest blocked (infra.azure.dns_firewall)."""
+    vnet = s.add("azure-native:network:VirtualNetwork", "vnet", {
+        "resourceGroupName": "gpufleet-azure-rg", "virtualNetworkName": "gpufleet-azure", "location": "westeurope",
+        "addressSpace": {"addressPrefixes": ["10.64.0.0/16"]}, "tags": t})
+    policy = s.add("azure-native:dnsresolver:DnsResolverPolicy", "dns-policy", {
+        "resourceGroupName": "gpufleet-azure-rg", "dnsResolverPolicyName": "gpufleet-azure-dns",
+        "location": "westeurope", "tags": t})
+    for name, domains, action, priority in (
+            ("allowed", ["core.windows.net.", "vault.azure.net.", "azurecr.io."], {"actionType": "Allow"}, 100),
+            ("everything", ["."], {"actionType": "Block", "blockResponseCode": "SERVFAIL"}, 200)):
+        domain_list = s.add("azure-native:dnsresolver:DnsResolverDomainList", f"dns-{name}", {
+            "resourceGroupName": "gpufleet-azure-rg", "dnsResolverDomainListName": f"gpufleet-azure-dns-{name}",
+            "location": "westeurope", "domains": domains, "tags": t})
+        s.add("azure-native:dnsresolver:DnsSecurityRule", f"dns-rule-{name}", {
+            "resourceGroupName": "gpufleet-azure-rg", "dnsResolverPolicyName": "gpufleet-azure-dns",
+            "dnsSecurityRuleName": name, "location": "westeurope", "priority": priority, "action": action,
+            "dnsResolverDomainLists": [{"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/dnsResolverDomainLists/"
+                                               f"gpufleet-azure-dns-{name}"}],
+            "dnsSecurityRuleState": "Enabled", "tags": t},
+            deps={"dnsResolverPolicyName": [policy], "dnsResolverDomainLists": [domain_list]})
+    s.add("azure-native:dnsresolver:DnsResolverPolicyVirtualNetworkLink", "dns-link", {
+        "resourceGroupName": "gpufleet-azure-rg", "dnsResolverPolicyName": "gpufleet-azure-dns",
+        "dnsResolverPolicyVirtualNetworkLinkName": "vnet", "location": "westeurope",
+        "virtualNetwork": {"id": f"{SUBSCRIPTION}/providers/Microsoft.Network/virtualNetworks/gpufleet-azure"},
+        "tags": t}, deps={"dnsResolverPolicyName": [policy], "virtualNetwork": [vnet]})
+
+
 def azure_queue(stack: str = "azure", classification: str = "personal", gang_nodes: int = 0) -> Stack:
     """The Azure stack's shapes: locked-down storage, a queue partition whose VMs join an empty Flexible scale set
     (with `gang_nodes`, a second partition "big", a gang whose VMs share an availability set), the controller VM on
     its own NIC in a subnet whose only way out is a NAT gateway with the stack's one public IP, the munge key's
-    placeholder secret, the NFS shares' FileStorage account behind a private endpoint."""
+    placeholder secret, the NFS shares' FileStorage account behind a private endpoint, the VNet's DNS security
+    policy."""
     s = Stack(stack)
     t = tags(classification, stack)
     cmk = {"encryption": AZ_KEY_ENCRYPTION} if classification == "phi" else {}
     rg = s.add("azure-native:resources:ResourceGroup", "rg", {"location": "westeurope", "tags": t})
+    _azure_dns_policy(s, t)
     s.add("azure-native:storage:StorageAccount", "data", {
         "resourceGroupName": "gpufleet-azure-rg", "kind": "StorageV2", "sku": {"name": "Standard_LRS"},
         "enableHttpsTrafficOnly": True, "minimumTlsVersion": "TLS1_2", "allowBlobPublicAccess": False,

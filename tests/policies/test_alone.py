@@ -264,6 +264,9 @@ ALONE = [
                                         "Resource": "arn:aws:ec2:eu-north-1:123456789012:instance/*"})},
           one("aws-iam-policy-bounded-launch")),
     # --- Azure ------------------------------------------------------------------------------------
+    Alone("azure-network-vnet-dns-security-policy", "azure", "azure-native:network:VirtualNetwork",
+          {"resourceGroupName": "rg", "addressSpace": {"addressPrefixes": ["10.64.0.0/16"]}, "tags": tags("azure")},
+          one("azure-network-vnet-dns-security-policy")),
     Alone("azure-storage-account-https-only", "azure", SA, account(enableHttpsTrafficOnly=False),
           one("azure-storage-account-https-only")),
     Alone("azure-storage-account-min-tls", "azure", SA, account(minimumTlsVersion="TLS1_0"),

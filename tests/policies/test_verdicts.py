@@ -691,6 +691,13 @@ CASES = [
         "repository": "gpufleet-prod", "policy": json.dumps({"Statement": [
             {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::210987654321:root"},
              "Action": "ecr:BatchGetImage"}]})})),
+    Case("azure-dns-policy-missing", "azure", drop("dns-link"), ("azure-network-vnet-dns-security-policy",),
+         on="vnet"),
+    Case("azure-dns-policy-other-vnet", "azure-phi", both(
+        lambda s: s.add("azure-native:network:VirtualNetwork", "other-vnet", {
+            "resourceGroupName": "gpufleet-azure-rg", "virtualNetworkName": "other", "location": "westeurope",
+            "addressSpace": {"addressPrefixes": ["10.65.0.0/16"]}, "tags": f.tags("phi", "azure-phi")}),
+        depend("dns-link", "virtualNetwork", "other-vnet")), ("azure-network-vnet-dns-security-policy",), on="vnet"),
     Case("acr-admin-user", "azure", edit("registry", adminUserEnabled=True),
          ("azure-containerregistry-registry-admin-disabled",), on="registry"),
     Case("acr-admin-unset", "azure", pop("registry", "adminUserEnabled")),

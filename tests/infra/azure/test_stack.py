@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from infra import slurm
-from infra.azure import derive
+from infra.azure import derive, dns_firewall
 from infra.azure.registry import ACR_PULL, registry_name
 from infra.azure.vault import SECRETS_USER, vault_name
 from infra.config import ConfigError
@@ -70,8 +70,8 @@ def test_every_resource_sits_in_a_component_and_every_taggable_one_carries_the_t
     cfg = azure_config()
     components = {r.type for r in azure_run.resources if r.type.startswith("gpufleet:azure:")}
     assert components == {f"gpufleet:azure:{c}" for c in
-                          ("ResourceGroup", "Network", "Storage", "JobQueue", "Identity", "Registry", "Vault",
-                           "SharedFs", "Monitoring", "Partition", "Controller")}
+                          ("ResourceGroup", "Network", "DnsFirewall", "Storage", "JobQueue", "Identity", "Registry",
+                           "Vault", "SharedFs", "Monitoring", "Partition", "Controller")}
     provider = [r for r in azure_run.resources if r.type.startswith("azure-native:")]
     assert {r.type for r in provider} >= {RG, VNET, SUBNET, NSG, NIC, NAT, PIP, ACCOUNT, CONTAINER, QUEUE, SHARE,
                                           IDENTITY, ROLE, ROLE_DEF, VM, VMSS, ACTION_GROUP, METRIC_ALERT, ACR,
@@ -161,6 +161,57 @@ def test_controller_address_is_static_on_its_own_nic_without_a_public_ip(azure_r
     (pip,) = azure_run.of_type(PIP)
     assert pip.inputs["sku"] == {"name": "Standard"} and "ipConfiguration" not in pip.inputs
     assert "dnsSettings" not in pip.inputs
+
+
+DNS = "azure-native:dnsresolver:"
+
+
+def _resolves(name: str, domains) -> bool:
+    """Whether a name falls under one of the domains (a rule covers a domain and every name below it)."""
+    fq = name.rstrip(".") + "."
+    return any(d == "." or fq == d or fq.endswith("." + d) for d in domains)
+
+
+def test_the_vnet_resolves_only_the_azure_names_the_stack_uses_and_logs_every_query(azure_run):
+    """The DNS firewall: the stack's Azure service names and the VMs' own allowed first, every other name
+    answered SERVFAIL, the policy linked to the stack's VNet; every query into a workspace of the stack."""
+    policy = azure_run.one(f"{DNS}DnsResolverPolicy")
+    lists = {r.id: r.inputs["domains"] for r in azure_run.of_type(f"{DNS}DnsResolverDomainList")}
+    rules = sorted((r.inputs for r in azure_run.of_type(f"{DNS}DnsSecurityRule")), key=lambda r: r["priority"])
+    assert all(r["dnsResolverPolicyName"] == policy.inputs["dnsResolverPolicyName"] for r in rules)
+    assert all(r["dnsSecurityRuleState"] == "Enabled" for r in rules)
+    assert [(r["action"], [lists[d["id"]] for d in r["dnsResolverDomainLists"]]) for r in rules] == [
+        ({"actionType": "Allow"}, [list(dns_firewall.ALLOWED_DOMAINS)]),
+        ({"actionType": "Block", "blockResponseCode": "SERVFAIL"}, [["."]])]
+    link = azure_run.one(f"{DNS}DnsResolverPolicyVirtualNetworkLink").inputs
+    assert link["virtualNetwork"]["id"] == azure_run.one(VNET).id
+    assert link["dnsResolverPolicyName"] == policy.inputs["dnsResolverPolicyName"]
+    workspace = azure_run.one("azure-native:operationalinsights:Workspace")
+    assert workspace.inputs["retentionInDays"] == dns_firewall.LOG_RETENTION_DAYS[azure_config().data_classification]
+    setting = azure_run.one("azure-native:monitor:DiagnosticSetting").inputs
+    assert (setting["resourceUri"], setting["workspaceId"]) == (policy.id, workspace.id)
+    assert setting["logs"] == [{"category": "DnsResponse", "enabled": True}]
+    assert azure_run.outputs["dnsQueryWorkspace"] == workspace.inputs["workspaceName"]
+
+
+def test_every_name_the_nodes_and_the_controller_resolve_is_allowed(azure_run):
+    """The names the stack's VMs look up (the container's and queues' hosts and their targets, the private
+    endpoints' names and zones, Resource Manager, the VMs' own) fall under an allowed domain; names elsewhere,
+    and the allowed names as a prefix of another domain, do not."""
+    o = azure_run.outputs
+    account, vault, files = o["storageAccount"], o["keyVault"], o["sharedFilesAccount"]
+    registry = o["registry"].split(".")[0]
+    names = [o["containerUrl"].split("/")[2], o["queueUrl"].split("/")[2], "blob.ams07prdstr01a.store.core.windows.net",
+             f"{vault}.vault.azure.net", f"{vault}.privatelink.vaultcore.azure.net", o["registry"],
+             f"{registry}.privatelink.azurecr.io", f"{registry}.westeurope.data.azurecr.io",
+             f"{files}.file.core.windows.net", f"{files}.privatelink.file.core.windows.net",
+             "management.azure.com", "gpufleet-azure-gpu-1.abcdefgh.ax.internal.cloudapp.net"]
+    assert account in names[0]
+    assert all(_resolves(n, dns_firewall.ALLOWED_DOMAINS) for n in names)
+    for outside in ("pypi.org", "attacker.example", "core.windows.net.attacker.example", "login.microsoftonline.com",
+                    "evilcore.windows.net", "azure.com"):
+        assert not _resolves(outside, dns_firewall.ALLOWED_DOMAINS), outside
+    assert _resolves("anything.example", ["."])  # the block list's one entry covers every name
 
 
 # --- the controller -----------------------------------------------------------------------------
