@@ -1,6 +1,7 @@
 """Tencent Cloud guardrails: COS buckets, CAM policies (no wildcards; bounded launch rights for the Slurm
-controller), security groups, node disks, addresses and logins, CFS file systems, SSM secrets (the munge key), PIPL
-residency, and the Slurm partitions (scale to zero, GPU quota, monthly ceiling in CNY).
+controller; machines' and jobs' COS rights held to a VPC), security groups, node disks, addresses and logins, CFS
+file systems, SSM secrets (the munge key), PIPL residency, and the Slurm partitions (scale to zero, GPU quota,
+monthly ceiling in CNY).
 
 (Named tencent_rules like azure_rules: the policy host puts policies/ on sys.path.) Tencent resources
 carry no region: a resource is where its provider is, which is `tencentcloud:region` unless an explicit
@@ -20,7 +21,8 @@ from infra.config import MAINLAND_CHINA_REGIONS
 from policies.common import (UNKNOWN, Stack, as_list, flag, get, items, json_doc, number, resource_policy,
                              stack_policy, stack_value, tags_of)
 from policies.gpu import check_partition_scale_to_zero, gpu_quota, monthly_ceiling
-from policies.tokens import (TC_BUCKET, TC_BUCKET_POLICY, TC_CAM_POLICY, TC_CAM_ROLE, TC_CBS, TC_CFS_ACCESS_GROUP,
+from policies.tokens import (TC_BUCKET, TC_BUCKET_POLICY, TC_CAM_GROUP_ATTACHMENT, TC_CAM_POLICY, TC_CAM_ROLE,
+                             TC_CBS, TC_CFS_ACCESS_GROUP,
                              TC_CFS_ACCESS_RULE, TC_CFS_FILE_SYSTEM, TC_CLS_TOPIC, TC_INSTANCE, TC_KMS_KEY,
                              TC_LAUNCH_TEMPLATE, TC_PARTITION, TC_SECURITY_GROUP, TC_SG_LITE_RULE, TC_SG_RULE,
                              TC_SG_RULE_SET, TC_SSM_SECRET, TC_SSM_SECRET_VERSION, TC_SUBNET, TC_VPC)
@@ -301,22 +303,26 @@ def cam_allows(statement: dict, action: str) -> bool:
         isinstance(a, str) and fnmatchcase(action.lower(), _action(a).lower()) for a in as_list(statement.get("action")))
 
 
-def tag_condition(statement: dict, key: str) -> list[str]:
-    """The stack-tag values (gpufleet-stack&<stack>) an exact operator requires of condition `key`; [] if none, or
-    if any value is a pattern."""
+def exact_values(statement: dict, key: str) -> list[str]:
+    """The values an exact operator (string_equal) requires of condition `key`; [] if none, or if any is a
+    pattern."""
     condition = statement.get("condition")
-    if not isinstance(condition, dict):
-        return []
-    for op, pairs in condition.items():
+    for op, pairs in condition.items() if isinstance(condition, dict) else ():
         if not isinstance(pairs, dict) or not isinstance(op, str) or op.lower() not in _EXACT_OPERATORS:
             continue
         for k, values in pairs.items():
-            if isinstance(k, str) and k.lower() == key:
-                values = as_list(values)
-                if values and all(isinstance(v, str) and v.startswith(f"{STACK_TAG}&") and len(v) > len(STACK_TAG) + 1
-                                  and "*" not in v and "?" not in v for v in values):
-                    return values
+            values = as_list(values)
+            if isinstance(k, str) and k.lower() == key and values and all(
+                    isinstance(v, str) and v and "*" not in v and "?" not in v for v in values):
+                return values
     return []
+
+
+def tag_condition(statement: dict, key: str) -> list[str]:
+    """The stack-tag values (gpufleet-stack&<stack>) an exact operator requires of condition `key`; [] if none, or
+    if any value is a pattern."""
+    values = exact_values(statement, key)
+    return values if all(v.startswith(f"{STACK_TAG}&") and len(v) > len(STACK_TAG) + 1 for v in values) else []
 
 
 def cam_launch_gaps(statement: dict) -> list[str]:
@@ -337,6 +343,23 @@ def check_cam_launch(props: dict, ctx):
     for i, s in enumerate(statements(doc)):
         for gap in cam_launch_gaps(s):
             yield f"statement {i}: {gap}"
+
+
+def check_cos_in_vpc(stack: Stack, ctx):
+    """Machines' and jobs' COS rights hold to a VPC: every CAM policy of the stack but those its groups alone hold
+    (people, who submit from their own machines) allows COS actions only under a string_equal vpc:requester_vpc
+    condition, so a role's key copied off a node (or handed to a job) is refused by COS from anywhere else."""
+    people = {u for a in stack.of(TC_CAM_GROUP_ATTACHMENT) for u in a.deps("policyId")}
+    for policy in stack.of(TC_CAM_POLICY):
+        if policy.urn in people:
+            continue
+        doc = json_doc(policy.props.get("document"))
+        for i, s in enumerate(statements(doc)):
+            cos = [a for a in as_list(s.get("action")) if isinstance(a, str) and _action(a).lower().startswith("cos:")]
+            if s.get("effect") == "allow" and cos and not exact_values(s, "vpc:requester_vpc"):
+                yield (f"CAM policy '{policy.name}': statement {i} allows {', '.join(cos)} from anywhere (no "
+                       f"string_equal vpc:requester_vpc condition): a key of a role that holds it works off the "
+                       f"stack's VPC"), policy.urn
 
 
 def check_cost_tags(props: dict, ctx):
@@ -468,6 +491,14 @@ POLICIES = [
                     "['gpufleet-stack&<stack>'] and name/cvm:TerminateInstances on qcs:resource_tag "
                     "['gpufleet-stack&<stack>']; allow name/cam:PassRole only on the node role's "
                     "qcs::cam::uin/<uin>:roleName/<name> (infra/tencent/controller.py)."),
+    stack_policy(
+        "tencent-cam-policy-cos-in-vpc",
+        "CAM policies other than the teams' groups' allow COS actions only from a VPC (vpc:requester_vpc).",
+        severity="high", frameworks=["CIS", "PIPL"], check=check_cos_in_vpc,
+        remediation="Add the condition {string_equal: {vpc:requester_vpc: ['<the stack's VPC id>']}} to every "
+                    "statement that allows name/cos:* actions in the node, controller and job roles' policies "
+                    "(infra.tencent.derive.in_vpc); a policy for people attaches to their CAM group "
+                    "(GroupPolicyAttachment)."),
     resource_policy(
         "tencent-slurm-partition-queue-scale-to-zero",
         "Queue (non-gang) Slurm partitions power every node down when no job needs it.",

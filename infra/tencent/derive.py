@@ -252,6 +252,12 @@ def cam_role_resource(uin: str, role: str) -> str:
     return f"qcs::cam::uin/{uin}:roleName/{role}"
 
 
+def in_vpc(vpc_id: str, condition: dict | None = None) -> dict:
+    """``condition`` and "the request comes from the VPC ``vpc_id``" (COS's ``vpc:requester_vpc``, which a request
+    from outside any VPC does not carry): a key of a role that holds it works on COS only from the stack's VPC."""
+    return {**(condition or {}), "string_equal": {"vpc:requester_vpc": [vpc_id]}}
+
+
 def tagged(stack: str, key: str = "resource") -> dict:
     """The condition "carries (resource) or is being given (request) the tag gpufleet-stack=<stack>"."""
     return {"for_any_value:string_equal": {f"qcs:{key}_tag": [f"{STACK_TAG}&{stack}"]}}
@@ -283,32 +289,33 @@ JOB_WRITES = "teams/*/jobs/*"                        # each job's own prefix (tr
 JOB_READS = ("teams/*/code/*", "teams/*/data/*")    # its team's bundles and data
 
 
-def job_role_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str) -> dict:
+def job_role_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, vpc_id: str) -> dict:
     """The job role: the ceiling of every job's rights. The node's credentials daemon assumes it for each job with
     a policy naming that job's ``teams/<team>/jobs/<id>/`` and its team's code and data
-    (trainer.clouds.tencent_credentials); STS grants the intersection, so a job's key reaches its own prefix only.
-    No write to ``teams/<team>/jobs-index/`` (the bridge keeps it); nothing of the node role (munge key, logs,
-    instances) reaches a job."""
+    (trainer.clouds.tencent_credentials); STS grants the intersection, so a job's key reaches its own prefix only,
+    and from the stack's VPC only (``in_vpc``). No write to ``teams/<team>/jobs-index/`` (the bridge keeps it);
+    nothing of the node role (munge key, logs, instances) reaches a job."""
     base = f"qcs::cos:{region}:uid/{app_id}:{bucket}"
     return _doc(
-        _allow(COS_OBJECT_ACTIONS, [f"{base}/{JOB_WRITES}"]),
-        _allow(("name/cos:GetObject", "name/cos:HeadObject"), [f"{base}/{p}" for p in JOB_READS]),
+        _allow(COS_OBJECT_ACTIONS, [f"{base}/{JOB_WRITES}"], in_vpc(vpc_id)),
+        _allow(("name/cos:GetObject", "name/cos:HeadObject"), [f"{base}/{p}" for p in JOB_READS], in_vpc(vpc_id)),
         _allow(("name/cos:GetBucket",), [f"{base}/"],
-               {"string_like": {"cos:prefix": [JOB_WRITES, *JOB_READS]}}),
-        _allow(("name/cos:HeadBucket",), [f"{base}/"]),
+               in_vpc(vpc_id, {"string_like": {"cos:prefix": [JOB_WRITES, *JOB_READS]}})),
+        _allow(("name/cos:HeadBucket",), [f"{base}/"], in_vpc(vpc_id)),
         _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
     )
 
 
 def node_policy(*, region: str, app_id: str, uin: str, bucket: str, key_id: str, topic_id: str,
-                munge_secret: str, job_role: str) -> dict:
+                munge_secret: str, job_role: str, vpc_id: str) -> dict:
     """What a GPU node (its setup, its credentials daemon, log shipping) may do, each on its one resource:
-    checkpoints and data in the bucket under the stack key, its logs, the munge key (read only), its own Slurm name
-    (its gpufleet-slurm-node tag, through DescribeInstances) and the job role, which it assumes for each job. No
-    queue, no instance to launch or end. Jobs hold none of it: the metadata service answers only root on a node."""
+    checkpoints and data in the bucket under the stack key (from the stack's VPC only), its logs, the munge key
+    (read only), its own Slurm name (its gpufleet-slurm-node tag, through DescribeInstances) and the job role, which
+    it assumes for each job. No queue, no instance to launch or end. Jobs hold none of it: the metadata service
+    answers only root on a node."""
     return _doc(
         _allow(["name/sts:AssumeRole"], [cam_role_resource(uin, job_role)]),
-        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
+        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket), in_vpc(vpc_id)),
         _allow(KEY_ACTIONS, [kms_key_resource(region, uin, key_id)]),
         _allow(["name/cls:pushLog"], [cls_topic_resource(region, uin, topic_id)]),
         _allow(["name/ssm:GetSecretValue"], [ssm_secret_resource(region, uin, munge_secret)]),
@@ -324,7 +331,7 @@ def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket:
     node subnets with its node security group and image, only when the request tags them with the stack, passing
     the node role and no other; terminate only instances that carry the stack's tag; read instances (their
     addresses and tags); make and read the munge key; consume the teams' job queues and dead-letter; keep the
-    records in the bucket under the stack key."""
+    records in the bucket under the stack key (from the stack's VPC only)."""
     launch = [cvm_instances(region, uin), vpc_resource(region, uin, vpc_id),
               *(subnet_resource(region, uin, s) for s in subnet_ids),
               security_group_resource(region, uin, security_group_id), cvm_image(region, uin, image_id)]
@@ -339,7 +346,7 @@ def controller_policy(*, region: str, app_id: str, uin: str, stack: str, bucket:
         _allow(QUEUE_ACTIONS, [cmq_queue_resource(region, uin, q) for q in queues]),
         # The bridge dead-letters a job that keeps failing (CMQ counts only receives of one message copy).
         _allow(["name/tdmq:SendMessage"], [cmq_queue_resource(region, uin, q) for q in dlqs]),
-        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket)),
+        _allow(COS_BUCKET_ACTIONS + COS_OBJECT_ACTIONS, cos_resources(region, app_id, bucket), in_vpc(vpc_id)),
     )
 
 

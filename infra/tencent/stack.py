@@ -88,11 +88,14 @@ def build_tencent(cfg: StackConfig) -> dict[str, pulumi.Input]:
         tags=tags))
     identity = Identity("identity", names, storage.key_id, tags)
     identity.grant(names.role, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id,
-                                                 monitoring.topic_id, identity.munge_secret.secret_name).apply(
+                                                 monitoring.topic_id, identity.munge_secret.secret_name,
+                                                 network.vpc_id).apply(
         lambda v: derive.node_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3],
-                                     topic_id=v[4], munge_secret=v[5], job_role=names.job_role)))
-    identity.jobs(names, uin, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id).apply(
-        lambda v: derive.job_role_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3])),
+                                     topic_id=v[4], munge_secret=v[5], job_role=names.job_role, vpc_id=v[6])))
+    identity.jobs(names, uin, pulumi.Output.all(app_id, uin, storage.bucket_name, storage.key_id,
+                                                network.vpc_id).apply(
+        lambda v: derive.job_role_policy(region=cfg.region, app_id=v[0], uin=v[1], bucket=v[2], key_id=v[3],
+                                         vpc_id=v[4])),
         tags)
     shared = SharedFs("shared-fs", SharedFsArgs(
         prefix=names.prefix, zone=network.controller_zone, vpc_id=network.vpc_id,

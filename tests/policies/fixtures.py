@@ -726,10 +726,20 @@ def tencent_queue(stack: str = "tencent", classification: str = "personal") -> S
         "tags": t})
     s.add("tencentcloud:Cam/policy:Policy", "node-policy", {"name": "gpufleet-tencent-nodes", "document": _cam([
         {"effect": "allow", "action": ["name/cos:GetObject", "name/cos:PutObject"],
-         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]},
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"],
+         "condition": {"string_equal": {"vpc:requester_vpc": ["vpc-ohdqtqwt"]}}},
         {"effect": "allow", "action": ["name/tdmq:ReceiveMessage"],
          "resource": ["qcs::tdmq:ap-shanghai:uin/100000000001:queue/gpufleet-tencent-jobs"]}])},
         deps={"document": [data]})
+    # a team's submitters (people, from their own machines): COS rights from anywhere, through their CAM group
+    submit = s.add("tencentcloud:Cam/policy:Policy", "submit-policy", {
+        "name": "gpufleet-tencent-submit-default", "document": _cam([
+            {"effect": "allow", "action": ["name/cos:GetObject"],
+             "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/teams/default/*"]}])},
+        deps={"document": [data]})
+    submitters = s.add("tencentcloud:Cam/group:Group", "submit-group", {"name": "gpufleet-tencent-submit-default"})
+    s.add("tencentcloud:Cam/groupPolicyAttachment:GroupPolicyAttachment", "submit-attachment", {
+        "groupId": "100000000002", "policyId": "200000000002"}, deps={"groupId": [submitters], "policyId": [submit]})
     part = s.add(TC_PARTITION, "gpu", tencent_partition(), custom=False)
     template = s.add("tencentcloud:Cvm/launchTemplate:LaunchTemplate", "node", tencent_launch_template(t),
                      deps={"securityGroupIds": [sg], "camRoleName": [role]}, parent=part)

@@ -371,8 +371,14 @@ ALONE = [
     Alone("tencent-cam-policy-no-wildcards", "tencent", "tencentcloud:Cam/policy:Policy",
           {"name": "gpufleet-tencent-nodes", "document": _cam({
               "effect": "allow", "action": ["name/cos:*"],
-              "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]})},
+              "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"],
+              "condition": {"string_equal": {"vpc:requester_vpc": ["vpc-ohdqtqwt"]}}})},
           one("tencent-cam-policy-no-wildcards")),
+    Alone("tencent-cam-policy-cos-in-vpc", "tencent", "tencentcloud:Cam/policy:Policy",
+          {"name": "gpufleet-tencent-jobs", "document": _cam({
+              "effect": "allow", "action": ["name/cos:GetObject", "name/cos:PutObject"],
+              "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/teams/*/jobs/*"]})},
+          one("tencent-cam-policy-cos-in-vpc")),
     Alone("tencent-cvm-disk-encrypted", "tencent", "tencentcloud:Cbs/storage:Storage",
           {"storageType": "CLOUD_SSD", "storageSize": 500, "availabilityZone": "ap-shanghai-2",
            "tags": tags("tencent")}, one("tencent-cvm-disk-encrypted")),

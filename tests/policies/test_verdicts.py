@@ -698,6 +698,17 @@ CASES = [
             "resourceGroupName": "gpufleet-azure-rg", "virtualNetworkName": "other", "location": "westeurope",
             "addressSpace": {"addressPrefixes": ["10.65.0.0/16"]}, "tags": f.tags("phi", "azure-phi")}),
         depend("dns-link", "virtualNetwork", "other-vnet")), ("azure-network-vnet-dns-security-policy",), on="vnet"),
+    Case("tencent-node-cos-from-anywhere", "tencent", edit("node-policy", document=f._cam([
+        {"effect": "allow", "action": ["name/cos:GetObject"],
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]}])),
+         ("tencent-cam-policy-cos-in-vpc",), on="node-policy"),
+    Case("tencent-node-cos-any-vpc", "tencent", edit("node-policy", document=f._cam([
+        {"effect": "allow", "action": ["name/cos:GetObject"],
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"],
+         "condition": {"string_like": {"vpc:requester_vpc": ["vpc-*"]}}}])),
+         ("tencent-cam-policy-cos-in-vpc",), on="node-policy"),
+    Case("tencent-submit-policy-off-its-group", "tencent", drop("submit-attachment"),
+         ("tencent-cam-policy-cos-in-vpc",), on="submit-policy"),
     Case("acr-admin-user", "azure", edit("registry", adminUserEnabled=True),
          ("azure-containerregistry-registry-admin-disabled",), on="registry"),
     Case("acr-admin-unset", "azure", pop("registry", "adminUserEnabled")),
@@ -930,7 +941,8 @@ CASES = [
          ("tencent-vpc-securitygroup-no-world-inbound",), on="jupyter"),
     Case("tc-cam-service-wildcard", "tencent", edit("node-policy", document=json.dumps({"version": "2.0", "statement": [
         {"effect": "allow", "action": ["name/cos:*"],
-         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"]}]})),
+         "resource": ["qcs::cos:ap-shanghai:uid/1250000000:gpufleet-tencent-data-1250000000/*"],
+         "condition": {"string_equal": {"vpc:requester_vpc": ["vpc-ohdqtqwt"]}}}]})),
          ("tencent-cam-policy-no-wildcards",), on="node-policy"),
     Case("tc-cam-any-resource", "tencent", edit("node-policy", document=json.dumps({"version": "2.0", "statement": [
         {"effect": "allow", "action": ["name/cvm:DescribeInstances"], "resource": ["*"]}]})),

@@ -295,9 +295,25 @@ def test_the_job_role_reaches_only_the_teams_prefixes_and_the_stack_key(tencent_
     (listing,) = [s for s in statements if s["action"] == ["name/cos:GetBucket"]]
     assert listing["resource"] == [f"{bucket}/"]
     assert listing["condition"] == {"string_like": {"cos:prefix": ["teams/*/jobs/*", "teams/*/code/*",
-                                                                   "teams/*/data/*"]}}
+                                                                   "teams/*/data/*"]},
+                                    "string_equal": {"vpc:requester_vpc": [tencent_run.outputs["vpcId"]]}}
     assert "jobs-index" not in json.dumps(statements)
     _least_privilege(statements)
+
+
+def test_the_machines_and_the_jobs_keys_work_on_cos_only_from_the_stacks_vpc(tencent_run):
+    """Issue 23 (stolen credentials work from anywhere): every COS statement of the node, controller and job roles
+    holds its requests to the stack's VPC (vpc:requester_vpc), so a key copied off a node is refused by COS from
+    anywhere else; the teams' submit groups, used from people's machines, are not held there."""
+    vpc = tencent_run.outputs["vpcId"]
+    for name in ("identity-nodes-policy", "gpufleet-tencent-controller-policy", "identity-jobs-policy"):
+        cos = [st for st in doc(tencent_run.one(POLICY, name))["statement"]
+               if any(a.startswith("name/cos:") for a in st["action"])]
+        assert cos and all(a.startswith("name/cos:") for st in cos for a in st["action"]), name
+        assert all(st["condition"]["string_equal"] == {"vpc:requester_vpc": [vpc]} for st in cos), name
+    submit = [st for g in tencent_run.of_type(POLICY) if "-submit-" in g.inputs["name"]
+              for st in doc(g)["statement"]]
+    assert submit and "vpc:requester_vpc" not in json.dumps(submit)
 
 
 def test_node_role_reads_the_munge_key_and_its_own_name_and_no_queue(tencent_run):
