@@ -43,10 +43,13 @@ def demo_tmp():
 @contextlib.contextmanager
 def demo(args: list[str], tmp: Path, **kw) -> Iterator[subprocess.Popen]:
     """The demo running; a demo still running when the test ends (it failed or timed out) is stopped as Ctrl-C
-    stops it, its box with it, and killed if that takes over a minute."""
+    stops it, its box with it, and killed if that takes over a minute. It starts with Ctrl-C's default action,
+    as from a terminal, whatever this process was given (a shell ignores SIGINT in what it starts in the
+    background, and Python then never turns it into KeyboardInterrupt)."""
     env = {**os.environ, "TMPDIR": str(tmp), "COLUMNS": "160"}
     proc = subprocess.Popen([sys.executable, "-m", "infra.demo", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
     try:
         yield proc
     finally:
