@@ -1,4 +1,4 @@
-"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup|credentials|container`:
+"""`python -m trainer train|convert|preflight|submit|shards|controller|nodes|task|setup|credentials|container|dns`:
 the command boundary.
 
 A user error (UsageError, or a cloud SDK's missing credential) is one line on stderr and exit 2; a
@@ -28,6 +28,7 @@ COMMANDS = {  # command -> module whose main(argv) -> int runs it
     "setup": "trainer.slurm.setup",
     "credentials": "trainer.node.jobcreds",
     "container": "trainer.node.container",
+    "dns": "trainer.node.dnsguard",
 }
 
 

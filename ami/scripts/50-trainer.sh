@@ -36,6 +36,10 @@ install -d -m 0755 /etc/gpufleet /var/log/gpufleet
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-scratch.sh /usr/local/sbin/gpufleet-scratch
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-node-config.sh /usr/local/sbin/gpufleet-node-config
 install -m 0755 /tmp/gpufleet-ami/files/gpufleet-imds-root-only.sh /usr/local/sbin/gpufleet-imds-root-only
+install -m 0755 /tmp/gpufleet-ami/files/gpufleet-dns-guard-rules.sh /usr/local/sbin/gpufleet-dns-guard-rules
+# The DNS guard's user (Tencent nodes): no home, no shell, no job runs as it; the DNS rules exempt it (and root) alone.
+id -u gpufleet-dns-guard >/dev/null 2>&1 ||
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gpufleet-dns-guard
 # The launcher of jobs' containers and its sudoers rule (a file visudo refuses would stop sudo for everyone).
 visudo -cf /tmp/gpufleet-ami/files/sudoers-gpufleet-container >/dev/null ||
   die "visudo refuses files/sudoers-gpufleet-container"
@@ -47,7 +51,10 @@ systemctl daemon-reload
 # GPU node: munge, slurmd and its notice watcher, gpufleet-watch@NAME) or gpufleet-controller (munge, slurmctld, the
 # bridge, the healer); both run gpufleet-node-config first.
 systemctl enable gpufleet-scratch.service
-# A GPU node of an AWS stack (node.json names the cloud; on other clouds and on the controller both skip themselves):
-# the metadata service answers only root, and each job's own credentials are served on loopback, before slurmd.
+# A GPU node of a stack (node.json names the cloud; the controller has none, so each skips itself there): the metadata
+# service answers only root, and each job's own credentials are served on loopback, before slurmd.
 systemctl enable gpufleet-imds.service gpufleet-credentials.service
+# A GPU node of a Tencent stack, whose VPC filters no DNS (on other clouds both skip themselves): jobs' DNS goes
+# through the guard, which resolves only Tencent's service names.
+systemctl enable gpufleet-dns-rules.service gpufleet-dns-guard.service
 log "trainer $installed in $venv; units installed"

@@ -29,8 +29,8 @@ check torch_cuda "$torch_cuda" "$(manifest .trainer.torch_cuda)"
 check trainer "$("$trainer_python" -c 'import importlib.metadata as m; print(m.version("gpufleet-trainer"))')" "$(manifest .trainer.version)"
 # What the image starts: the units (setup, the bridge, the watcher and healer, job credentials), Slurm's power saving
 # programs (nodes), Prolog and Epilog (credentials), every job's batch script (task) and the container launcher
-# (container).
-for command in setup controller nodes task credentials container; do
+# (container), the DNS guard (dns).
+for command in setup controller nodes task credentials container dns; do
   "$trainer_python" -m trainer "$command" --help >/dev/null || die "python -m trainer $command does not start"
 done
 check slurm "$("$(manifest .slurm.prefix)/sbin/slurmd" -V | awk '{print $2}')" "$(manifest .slurm.version)"
@@ -60,6 +60,11 @@ for unit in gpufleet-imds gpufleet-credentials; do
   systemctl is-enabled --quiet "$unit.service" || die "$unit.service is not enabled: jobs would hold the node's identity"
 done
 command -v iptables >/dev/null || die "iptables is missing: gpufleet-imds-root-only needs it (00-base.sh)"
+# On a Tencent node every job's DNS query passes the guard, which runs as a user of its own (no team's).
+for unit in gpufleet-dns-rules gpufleet-dns-guard; do
+  systemctl is-enabled --quiet "$unit.service" || die "$unit.service is not enabled: jobs would resolve any name"
+done
+id -u gpufleet-dns-guard >/dev/null || die "no user gpufleet-dns-guard: the DNS guard runs as it (50-trainer.sh)"
 # The stacks' shared file systems are NFS on every cloud (Tencent's CFS directly; efs-utils and aznfs through it).
 [ -x /sbin/mount.nfs ] || die "/sbin/mount.nfs is missing: the shared file system mounts need it (33-nfs-common.sh)"
 check nfs_common "$(dpkg-query -W -f '${Version}' nfs-common | sed 's/^[0-9]*://')" "$(manifest .nfs_common.version)"

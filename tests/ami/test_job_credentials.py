@@ -48,7 +48,7 @@ def test_the_metadata_filter_is_in_place_before_any_job_or_container():
     assert imds["Service"]["Type"] == "oneshot" and imds["Service"]["RemainAfterExit"] == "yes"
     assert {"slurmd.service", "docker.service", "gpufleet-node.service"} <= set(imds["Unit"]["Before"].split())
     slurmd = unit("slurmd.service")  # a filter that failed keeps slurmd (and so every job) off the node
-    assert slurmd["Unit"]["Requires"] == "gpufleet-imds.service"
+    assert "gpufleet-imds.service" in slurmd["Unit"]["Requires"].split()
     assert "gpufleet-imds.service" in slurmd["Unit"]["After"].split()
     assert "cloud-init.service" in imds["Unit"]["After"].split()  # which writes node.json
     # root, and the notice watcher's user (it reads spot interruption notices there; no job runs as it)

@@ -314,7 +314,8 @@ class TrainerInstall:
     one, and every command that would change the machine (install, ln, systemctl, gpasswd, usermod, visudo) a stub
     that records its call; getent answers the docker group this test gives."""
 
-    def __init__(self, tmp_path: Path, manifest: dict, docker_group: str | None, visudo_ok: bool = True):
+    def __init__(self, tmp_path: Path, manifest: dict, docker_group: str | None, visudo_ok: bool = True,
+                 dns_user: bool = False):
         from tests.ami.staging import manifest_copy, stage, stub
 
         self.tmp, self.calls = tmp_path, tmp_path / "calls"
@@ -323,12 +324,13 @@ class TrainerInstall:
         self.script = stage(tmp_path, "50-trainer.sh", ["/tmp/gpufleet-ami"])
         (self.staged / "files").mkdir(parents=True)
         (self.staged / manifest["trainer"]["wheel"]).write_text("")
-        for name in ("install", "ln", "systemctl", "gpasswd", "usermod", "python3"):
+        for name in ("install", "ln", "systemctl", "gpasswd", "usermod", "useradd", "python3"):
             stub(self.stubs, name, f'echo "{name} $*" >>{self.calls}\n')
         stub(self.stubs, "visudo", f'echo "visudo $*" >>{self.calls}\nexit {0 if visudo_ok else 1}\n')
         group = "exit 2" if docker_group is None else f"echo '{docker_group}'"
         stub(self.stubs, "getent", f'[ "$1 $2" = "group docker" ] || exit 2\n{group}\n')
-        stub(self.stubs, "id", f'[ "$1 $2" = "-u gpufleet" ] && echo {manifest["accounts"]["gpufleet"]["uid"]}\n')
+        stub(self.stubs, "id", f'[ "$1 $2" = "-u gpufleet" ] && echo {manifest["accounts"]["gpufleet"]["uid"]}\n'
+                               f'[ "$1 $2" = "-u gpufleet-dns-guard" ] && {{ echo 998; exit {int(not dns_user)}; }}\n')
         stub(self.venv / "bin", "python", f'echo {manifest["trainer"]["version"]}\n')
         stub(self.venv / "bin", "pip", "exit 0\n")
         self.manifest = manifest_copy(tmp_path, trainer={"venv": str(self.venv)})
@@ -366,6 +368,20 @@ def test_the_trainer_script_installs_the_launcher_and_its_checked_sudoers_rule(t
     rule = f"install -o root -g root -m 0440 {files}/sudoers-gpufleet-container /etc/sudoers.d/gpufleet-container"
     assert check in calls and launcher in calls and rule in calls
     assert calls.index(check) < calls.index(rule)  # checked before sudo ever reads it
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_the_trainer_script_makes_the_dns_guards_user_once(tmp_path, manifest, exists):
+    """A system user of its own, no home, no shell: the DNS rules exempt it (Tencent: tests/ami/test_dns_guard.py)."""
+    build = TrainerInstall(tmp_path, manifest, "docker:x:998:", dns_user=exists)
+    result = build.run()
+    assert result.returncode == 0, result.stderr
+    assert [c for c in build.lines() if c.startswith("useradd")] == ([] if exists else [
+        "useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "
+        "gpufleet-dns-guard"])
+    assert "systemctl enable gpufleet-dns-rules.service gpufleet-dns-guard.service" in build.lines()
+    rules = build.staged / "files" / "gpufleet-dns-guard-rules.sh"
+    assert f"install -m 0755 {rules} /usr/local/sbin/gpufleet-dns-guard-rules" in build.lines()
 
 
 def test_a_sudoers_rule_visudo_refuses_stops_the_build_before_it_is_installed(tmp_path, manifest):

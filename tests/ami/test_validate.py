@@ -25,7 +25,8 @@ class Build:
         self.state.mkdir(parents=True)
         r, m = self.root, manifest
         self.enabled = {"nvidia-dcgm.service", "docker.service", "gpufleet-imds.service",
-                        "gpufleet-credentials.service"}
+                        "gpufleet-credentials.service", "gpufleet-dns-rules.service", "gpufleet-dns-guard.service"}
+        self.dns_guard_user = True
         self.held = {"linux-image-6.8.0-1021-aws", "nfs-common", "libnfsidmap1"}
         self.config = r / "opt/microsoft/aznfs/data/config"
         self.ca_file = r / "etc/ssl/certs/DigiCert_Global_Root_G2.pem"
@@ -100,9 +101,10 @@ class Build:
         stub(s, "docker", f'case "$1" in info) echo \'{{"nvidia":{{"path":"nvidia-container-runtime"}}}}\' ;;\n'
                           f'  version) echo {m["docker"]["version"]} ;;\nesac\n')
         stub(s, "id", '[ "$1" = -nG ] && {{ echo {groups}; exit; }}\n'
+                      '[ "$2" = gpufleet-dns-guard ] && {{ echo 998; exit {dns}; }}\n'
                       '[ "$2" = slurm ] && echo {slurm} || echo {gpufleet}\n'.format(
             groups=self.gpufleet_groups, slurm=m["accounts"]["slurm"]["uid"],
-            gpufleet=m["accounts"]["gpufleet"]["uid"]))
+            gpufleet=m["accounts"]["gpufleet"]["uid"], dns=0 if self.dns_guard_user else 1))
         stub(s, "visudo", f'echo "$*" >>{self.state}/visudo\nexit {0 if self.visudo_ok else 1}\n')
         stub(s, "getent", f'[ "$*" = "group gpufleet-teams" ] && exit {0 if self.teams_group else 2}\nexit 2\n')
         (s / "modes").write_text("".join(f"{path} {mode}\n" for path, mode in self.modes.items()))
@@ -137,7 +139,7 @@ def test_a_good_build_passes_and_records_what_it_saw(tmp_path, manifest, cloud):
     else:
         assert "aznfs" not in seen
     assert sorted((tmp_path / "state/trainer").read_text().split()) == ["container", "controller", "credentials",
-                                                                         "nodes", "setup", "task"]
+                                                                         "dns", "nodes", "setup", "task"]
     assert (tmp_path / "state/visudo").read_text() == ("-cf /etc/sudoers.d/gpufleet-container\n"
                                                        "-cf /etc/sudoers.d/gpufleet-bridge\n")
     assert (tmp_path / "state/runuser").read_text() == (
@@ -240,7 +242,7 @@ def test_nfs_common_must_be_held(tmp_path, manifest):
     assert result.returncode == 1 and "nfs-common is not held" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["setup", "controller", "nodes", "task", "credentials"])
+@pytest.mark.parametrize("command", ["setup", "controller", "nodes", "task", "credentials", "container", "dns"])
 def test_a_trainer_without_a_command_the_image_starts_fails_the_build(tmp_path, manifest, command):
     build = Build(tmp_path, manifest, "tencent")
     build.trainer_commands_missing.add(command)
@@ -258,6 +260,24 @@ def test_a_build_without_the_job_credentials_units_enabled_fails(tmp_path, manif
     result = build.run(tmp_path)
     assert result.returncode == 1
     assert f"{unit} is not enabled: jobs would hold the node's identity" in result.stderr
+
+
+@pytest.mark.parametrize("cloud", ["aws", "azure", "tencent"])
+@pytest.mark.parametrize("unit", ["gpufleet-dns-rules.service", "gpufleet-dns-guard.service"])
+def test_a_build_without_the_dns_guards_units_enabled_fails(tmp_path, manifest, cloud, unit):
+    """Enabled on every image (each skips itself off Tencent): a build whose Tencent nodes would let jobs resolve any
+    name fails."""
+    build = Build(tmp_path, manifest, cloud)
+    build.enabled.discard(unit)
+    result = build.run(tmp_path)
+    assert result.returncode == 1 and f"{unit} is not enabled: jobs would resolve any name" in result.stderr
+
+
+def test_a_build_without_the_dns_guards_user_fails(tmp_path, manifest):
+    build = Build(tmp_path, manifest, "tencent")
+    build.dns_guard_user = False
+    result = build.run(tmp_path)
+    assert result.returncode == 1 and "no user gpufleet-dns-guard: the DNS guard runs as it" in result.stderr
 
 
 def test_a_build_without_iptables_fails(tmp_path, manifest):

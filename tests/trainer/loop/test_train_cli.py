@@ -78,7 +78,7 @@ def test_missing_config_file(capsys, tmp_path):
 def test_unknown_command(capsys):
     line = one_line_error(capsys, ["fly"])
     assert line == ("error: unknown command 'fly'; expected one of train, convert, preflight, submit, shards, "
-                    "controller, nodes, task, setup, credentials, container")
+                    "controller, nodes, task, setup, credentials, container, dns")
 
 
 def test_config_file_then_flags(tmp_path):
