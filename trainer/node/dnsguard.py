@@ -215,8 +215,8 @@ def main(argv: list[str]) -> int:
     if not domains:
         raise UsageError("dns serve: no domain to allow: give --cloud or --domain, or run on a node whose node.json "
                          "names its cloud")
-    upstreams = args.upstream or next((resolvers(Path(f).read_text()) for f in RESOLVERS
-                                       if Path(f).is_file() and resolvers(Path(f).read_text())), [])
+    upstreams = args.upstream or next((found for f in RESOLVERS
+                                       if Path(f).is_file() and (found := resolvers(Path(f).read_text()))), [])
     if not upstreams:
         raise UsageError(f"dns serve: no resolver to forward to: give --upstream, or run where {RESOLVERS[0]} "
                          "names one")
