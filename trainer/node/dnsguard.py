@@ -19,6 +19,7 @@ label with a dot or a byte outside letters, digits, `-` and `_`) is refused (FOR
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -160,6 +161,30 @@ class Guard:
                                    "verdict": verdict}))
 
 
+class _UdpServer(socketserver.ThreadingUDPServer):
+    daemon_threads = True
+
+
+class _TcpServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True  # a restarted guard binds again while the last one's connections sit in TIME_WAIT
+
+
+def bind_pair(host: str, port: int, udp_handler: type, tcp_handler: type,
+              tries: int = 32) -> tuple[socketserver.BaseServer, socketserver.BaseServer]:
+    """A UDP and a TCP server on one port of ``host``. Port 0 takes a free UDP port, and another where that
+    number is taken over TCP (an ephemeral port is free for one protocol, not always for both)."""
+    for _ in range(tries if port == 0 else 1):
+        udp = _UdpServer((host, port), udp_handler)
+        try:
+            return udp, _TcpServer((host, udp.server_address[1]), tcp_handler)
+        except OSError as e:
+            udp.server_close()
+            if port != 0 or e.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port on {host} free over both UDP and TCP after {tries} tries")
+
+
 def serve(guard: Guard, host: str = HOST, port: int = PORT) -> tuple[socketserver.BaseServer, ...]:
     """The guard on ``host:port``, UDP and TCP, each in a thread of its own (a query each in a thread)."""
 
@@ -183,12 +208,8 @@ def serve(guard: Guard, host: str = HOST, port: int = PORT) -> tuple[socketserve
             except (OSError, ConnectionError):
                 return
 
-    socketserver.ThreadingUDPServer.allow_reuse_address = True
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    udp = socketserver.ThreadingUDPServer((host, port), Udp)
-    tcp = socketserver.ThreadingTCPServer((host, udp.server_address[1]), Tcp)
+    udp, tcp = bind_pair(host, port, Udp, Tcp)
     for server in (udp, tcp):
-        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True, name=f"dns-{server.socket_type}").start()
     return udp, tcp
 

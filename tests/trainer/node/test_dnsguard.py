@@ -2,9 +2,11 @@
 answers each with one address; the guard forwards allowed names there and answers the rest itself."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
+import socketserver
 import struct
 import subprocess
 import sys
@@ -50,9 +52,8 @@ class Upstream:
                 out = reply(dnsguard._read_exact(self.request, size))
                 self.request.sendall(struct.pack("!H", len(out)) + out)
 
-        self.udp = dnsguard.socketserver.ThreadingUDPServer(("127.0.0.1", 0), Udp)
+        self.udp, self.tcp = dnsguard.bind_pair("127.0.0.1", 0, Udp, Tcp)
         self.port = self.udp.server_address[1]
-        self.tcp = dnsguard.socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Tcp)
         for s in (self.udp, self.tcp):
             dnsguard.threading.Thread(target=s.serve_forever, daemon=True).start()
 
@@ -152,6 +153,40 @@ def test_no_answer_from_the_resolvers_is_servfail(upstream):
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+@pytest.fixture
+def tcp_taken():
+    """A port on 127.0.0.1 that a TCP listener holds and no UDP socket does (CI saw port 0 land on one)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+def test_port_0_moves_on_from_a_udp_port_whose_tcp_twin_is_taken(tcp_taken, monkeypatch):
+    first = []
+
+    class LandsOnTheTakenPort(dnsguard._UdpServer):
+        def __init__(self, address, handler):
+            first.append(address)
+            super().__init__((address[0], tcp_taken) if len(first) == 1 else address, handler)
+
+    monkeypatch.setattr(dnsguard, "_UdpServer", LandsOnTheTakenPort)
+    udp, tcp = dnsguard.bind_pair("127.0.0.1", 0, socketserver.BaseRequestHandler, socketserver.BaseRequestHandler)
+    try:
+        assert len(first) == 2 and udp.server_address[1] == tcp.server_address[1] != tcp_taken
+    finally:
+        udp.server_close()
+        tcp.server_close()
+
+
+def test_a_named_port_taken_over_tcp_is_an_error_never_another_port(tcp_taken):
+    with pytest.raises(OSError) as e:
+        dnsguard.bind_pair("127.0.0.1", tcp_taken, socketserver.BaseRequestHandler, socketserver.BaseRequestHandler)
+    assert e.value.errno == errno.EADDRINUSE
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", tcp_taken))  # the UDP half was let go
 
 
 def test_the_resolvers_are_the_ones_resolved_was_given_never_a_loopback_stub():
