@@ -205,7 +205,7 @@ def serve(guard: Guard, host: str = HOST, port: int = PORT) -> tuple[socketserve
                     if reply is None:
                         return
                     self.request.sendall(struct.pack("!H", len(reply)) + reply)
-            except (OSError, ConnectionError):
+            except OSError:  # ConnectionError too: the client went away
                 return
 
     udp, tcp = bind_pair(host, port, Udp, Tcp)

@@ -10,6 +10,7 @@ import socketserver
 import struct
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -41,12 +42,12 @@ class Upstream:
             header = struct.pack("!HHHHHH", struct.unpack_from("!H", packet)[0], 0x8180, 1, 1, 0, 0)
             return header + packet[12:q.end] + b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + ANSWER
 
-        class Udp(dnsguard.socketserver.BaseRequestHandler):
+        class Udp(socketserver.BaseRequestHandler):
             def handle(self):
                 data, sock = self.request
                 sock.sendto(reply(data), self.client_address)
 
-        class Tcp(dnsguard.socketserver.BaseRequestHandler):
+        class Tcp(socketserver.BaseRequestHandler):
             def handle(self):
                 (size,) = struct.unpack("!H", dnsguard._read_exact(self.request, 2))
                 out = reply(dnsguard._read_exact(self.request, size))
@@ -55,7 +56,7 @@ class Upstream:
         self.udp, self.tcp = dnsguard.bind_pair("127.0.0.1", 0, Udp, Tcp)
         self.port = self.udp.server_address[1]
         for s in (self.udp, self.tcp):
-            dnsguard.threading.Thread(target=s.serve_forever, daemon=True).start()
+            threading.Thread(target=s.serve_forever, daemon=True).start()
 
     def close(self):
         for s in (self.udp, self.tcp):
